@@ -1,0 +1,238 @@
+import datetime
+
+from agent.inference.v1 import inference_pb2 as _inference_pb2
+from agent.retrieval.v1 import retrieval_pb2 as _retrieval_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RetrievalOptions(_message.Message):
+    __slots__ = ("enabled", "collection", "top_k", "filter", "payload_fields")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    collection: str
+    top_k: int
+    filter: _retrieval_pb2.Filter
+    payload_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, enabled: _Optional[bool] = ..., collection: _Optional[str] = ..., top_k: _Optional[int] = ..., filter: _Optional[_Union[_retrieval_pb2.Filter, _Mapping]] = ..., payload_fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ChatRequest(_message.Message):
+    __slots__ = ("session_id", "message", "retrieval", "generation", "system_prompt", "idempotency_key")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RETRIEVAL_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    SYSTEM_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    message: str
+    retrieval: RetrievalOptions
+    generation: _inference_pb2.SamplingParams
+    system_prompt: str
+    idempotency_key: str
+    def __init__(self, session_id: _Optional[str] = ..., message: _Optional[str] = ..., retrieval: _Optional[_Union[RetrievalOptions, _Mapping]] = ..., generation: _Optional[_Union[_inference_pb2.SamplingParams, _Mapping]] = ..., system_prompt: _Optional[str] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+
+class ContextEvent(_message.Message):
+    __slots__ = ("documents",)
+    DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    documents: _containers.RepeatedCompositeFieldContainer[_retrieval_pb2.ScoredDocument]
+    def __init__(self, documents: _Optional[_Iterable[_Union[_retrieval_pb2.ScoredDocument, _Mapping]]] = ...) -> None: ...
+
+class TokenDelta(_message.Message):
+    __slots__ = ("text",)
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    def __init__(self, text: _Optional[str] = ...) -> None: ...
+
+class StageTimings(_message.Message):
+    __slots__ = ("admission_ms", "history_ms", "retrieval_ms", "first_token_ms", "generation_ms", "persist_ms", "total_ms")
+    ADMISSION_MS_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_MS_FIELD_NUMBER: _ClassVar[int]
+    RETRIEVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_MS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_MS_FIELD_NUMBER: _ClassVar[int]
+    PERSIST_MS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
+    admission_ms: float
+    history_ms: float
+    retrieval_ms: float
+    first_token_ms: float
+    generation_ms: float
+    persist_ms: float
+    total_ms: float
+    def __init__(self, admission_ms: _Optional[float] = ..., history_ms: _Optional[float] = ..., retrieval_ms: _Optional[float] = ..., first_token_ms: _Optional[float] = ..., generation_ms: _Optional[float] = ..., persist_ms: _Optional[float] = ..., total_ms: _Optional[float] = ...) -> None: ...
+
+class TurnSummary(_message.Message):
+    __slots__ = ("finish_reason", "usage", "timings", "degraded", "degraded_reason", "trace_id", "session_id", "replayed")
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    DEGRADED_FIELD_NUMBER: _ClassVar[int]
+    DEGRADED_REASON_FIELD_NUMBER: _ClassVar[int]
+    TRACE_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    finish_reason: _inference_pb2.FinishReason
+    usage: _inference_pb2.Usage
+    timings: StageTimings
+    degraded: bool
+    degraded_reason: str
+    trace_id: str
+    session_id: str
+    replayed: bool
+    def __init__(self, finish_reason: _Optional[_Union[_inference_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_inference_pb2.Usage, _Mapping]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[bool] = ..., degraded_reason: _Optional[str] = ..., trace_id: _Optional[str] = ..., session_id: _Optional[str] = ..., replayed: _Optional[bool] = ...) -> None: ...
+
+class ChatResponse(_message.Message):
+    __slots__ = ("context", "delta", "final")
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
+    context: ContextEvent
+    delta: TokenDelta
+    final: TurnSummary
+    def __init__(self, context: _Optional[_Union[ContextEvent, _Mapping]] = ..., delta: _Optional[_Union[TokenDelta, _Mapping]] = ..., final: _Optional[_Union[TurnSummary, _Mapping]] = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("request",)
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    request: _inference_pb2.GenerateRequest
+    def __init__(self, request: _Optional[_Union[_inference_pb2.GenerateRequest, _Mapping]] = ...) -> None: ...
+
+class GenerateResponse(_message.Message):
+    __slots__ = ("response",)
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    response: _inference_pb2.GenerateResponse
+    def __init__(self, response: _Optional[_Union[_inference_pb2.GenerateResponse, _Mapping]] = ...) -> None: ...
+
+class RetrieveRequest(_message.Message):
+    __slots__ = ("request",)
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    request: _retrieval_pb2.SearchRequest
+    def __init__(self, request: _Optional[_Union[_retrieval_pb2.SearchRequest, _Mapping]] = ...) -> None: ...
+
+class RetrieveResponse(_message.Message):
+    __slots__ = ("response",)
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    response: _retrieval_pb2.SearchResponse
+    def __init__(self, response: _Optional[_Union[_retrieval_pb2.SearchResponse, _Mapping]] = ...) -> None: ...
+
+class Session(_message.Message):
+    __slots__ = ("id", "create_time", "metadata", "message_count")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    create_time: _timestamp_pb2.Timestamp
+    metadata: _containers.ScalarMap[str, str]
+    message_count: int
+    def __init__(self, id: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., message_count: _Optional[int] = ...) -> None: ...
+
+class Message(_message.Message):
+    __slots__ = ("ordinal", "role", "content", "token_count", "trace_id", "create_time")
+    ORDINAL_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
+    TRACE_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    ordinal: int
+    role: _inference_pb2.Role
+    content: str
+    token_count: int
+    trace_id: str
+    create_time: _timestamp_pb2.Timestamp
+    def __init__(self, ordinal: _Optional[int] = ..., role: _Optional[_Union[_inference_pb2.Role, str]] = ..., content: _Optional[str] = ..., token_count: _Optional[int] = ..., trace_id: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class CreateSessionRequest(_message.Message):
+    __slots__ = ("metadata",)
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class CreateSessionResponse(_message.Message):
+    __slots__ = ("session",)
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    session: Session
+    def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ...) -> None: ...
+
+class GetSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class GetSessionResponse(_message.Message):
+    __slots__ = ("session",)
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    session: Session
+    def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ...) -> None: ...
+
+class ListMessagesRequest(_message.Message):
+    __slots__ = ("session_id", "page_size", "page_token")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    page_size: int
+    page_token: str
+    def __init__(self, session_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListMessagesResponse(_message.Message):
+    __slots__ = ("messages", "next_page_token")
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[Message]
+    next_page_token: str
+    def __init__(self, messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class DeleteSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class DeleteSessionResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class IngestDocumentsRequest(_message.Message):
+    __slots__ = ("collection", "documents", "default_payload_fields")
+    COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_PAYLOAD_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    collection: str
+    documents: _containers.RepeatedCompositeFieldContainer[_retrieval_pb2.Document]
+    default_payload_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, collection: _Optional[str] = ..., documents: _Optional[_Iterable[_Union[_retrieval_pb2.Document, _Mapping]]] = ..., default_payload_fields: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class IngestDocumentsResponse(_message.Message):
+    __slots__ = ("ingested", "created_collection")
+    INGESTED_FIELD_NUMBER: _ClassVar[int]
+    CREATED_COLLECTION_FIELD_NUMBER: _ClassVar[int]
+    ingested: int
+    created_collection: bool
+    def __init__(self, ingested: _Optional[int] = ..., created_collection: _Optional[bool] = ...) -> None: ...

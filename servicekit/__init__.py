@@ -1,0 +1,62 @@
+"""servicekit: what the three agent-gateway services are built from.
+
+Settings, the server bootstrap (health, reflection, mTLS, graceful drain), the
+outbound channel factory, the keepalive policy both ends share, the dev PKI
+and the domain errors that map to gRPC status codes. This module only
+re-exports; the code lives in the submodules.
+"""
+
+from servicekit.channels import ChannelNotReady, ChannelSpec, RetryPolicy, open_channel, service_config, wait_ready
+from servicekit.errors import (
+    AlreadyExists,
+    DeadlineExceeded,
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    ServiceError,
+    Unavailable,
+    from_rpc_error,
+)
+from servicekit.keepalive import KeepalivePolicy
+from servicekit.pki import TlsLayout, ensure_dev_pki
+from servicekit.server import Health, RunningService, ServiceApp, run, running_service, serve_until_signalled
+from servicekit.settings import Port, ServiceSettings, SettingsError, load_settings, prefixed_config
+from servicekit.tls import ClientTls, ServerTls, TlsConfigError
+
+__all__ = [
+    "AlreadyExists",
+    "ChannelNotReady",
+    "ChannelSpec",
+    "ClientTls",
+    "DeadlineExceeded",
+    "FailedPrecondition",
+    "Health",
+    "Internal",
+    "InvalidArgument",
+    "KeepalivePolicy",
+    "NotFound",
+    "Port",
+    "ResourceExhausted",
+    "RetryPolicy",
+    "RunningService",
+    "ServerTls",
+    "ServiceApp",
+    "ServiceError",
+    "ServiceSettings",
+    "SettingsError",
+    "TlsConfigError",
+    "TlsLayout",
+    "Unavailable",
+    "ensure_dev_pki",
+    "from_rpc_error",
+    "load_settings",
+    "open_channel",
+    "run",
+    "running_service",
+    "serve_until_signalled",
+    "service_config",
+    "prefixed_config",
+    "wait_ready",
+]

@@ -1,0 +1,81 @@
+"""``agentgw``: the command line of agent-gateway.
+
+Each subcommand imports only what it needs, so ``agentgw certs`` does not pay
+for importing vLLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+from servicekit.pki import DEFAULT_TENANT, ensure_dev_pki
+from servicekit.settings import ServiceSettings, SettingsError, load_settings
+
+#: ``agentgw serve NAME`` runs ``main()`` of these modules.
+SERVICES = {
+    "inference": "inference.main",
+    "retrieval": "retrieval.main",
+    "gateway": "gateway.main",
+}
+
+
+def _certs(args: argparse.Namespace) -> int:
+    try:
+        settings = load_settings(ServiceSettings)
+    except SettingsError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    tls_dir = args.dir or settings.tls_dir
+    try:
+        report = ensure_dev_pki(tls_dir, tenants=args.tenant or [DEFAULT_TENANT], force=args.force)
+    except ValueError as exc:
+        print(f"agentgw certs: {exc}", file=sys.stderr)
+        return 2
+    for path in report.created:
+        print(f"created {path}")
+    for path in report.reused:
+        print(f"kept    {path}")
+    print(f"TLS folder: {report.layout.root} (keys are 0600; pass --force to re-issue everything)")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    module_name = SERVICES[args.service]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            print(f"agentgw serve {args.service}: this service is not built yet ({module_name})", file=sys.stderr)
+            return 2
+        raise
+    return module.main()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agentgw", description="agent-gateway: a low-latency gRPC gateway for agents")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    certs = commands.add_parser("certs", help="create the dev CA, server and client certificates")
+    certs.add_argument("--dir", type=Path, help="TLS folder (default: $AGW_TLS_DIR or $AGW_HOME/tls)")
+    certs.add_argument(
+        "--tenant", action="append", help=f"issue a client certificate for this tenant (repeatable; default {DEFAULT_TENANT})"
+    )
+    certs.add_argument("--force", action="store_true", help="re-issue everything, the CA included")
+    certs.set_defaults(func=_certs)
+
+    serve = commands.add_parser("serve", help="run one service in the foreground")
+    serve.add_argument("service", choices=sorted(SERVICES))
+    serve.set_defaults(func=_serve)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

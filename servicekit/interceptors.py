@@ -1,0 +1,109 @@
+"""The edge of every RPC: readiness gate and error mapping, in one server interceptor.
+
+Handlers raise :class:`~servicekit.errors.ServiceError`; this is the one place
+that turns it into a gRPC status with details. A cancelled call's
+``CancelledError`` is never caught here: it must reach gRPC untouched.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Collection
+
+import grpc
+
+from servicekit.errors import Internal, ServiceError, Unavailable, trailing_metadata
+
+log = logging.getLogger(__name__)
+
+#: Services answered even before the app is ready: probes must see NOT_SERVING,
+#: not UNAVAILABLE, and tools must be able to list services.
+ALWAYS_OPEN = frozenset(
+    {
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1alpha.ServerReflection",
+        "grpc.reflection.v1.ServerReflection",
+    }
+)
+
+
+class Readiness:
+    """Whether the service has finished warming up. Set once by the bootstrap."""
+
+    def __init__(self, service: str) -> None:
+        self.service = service
+        self.ready = False
+
+    def check(self) -> None:
+        if not self.ready:
+            raise Unavailable(f"{self.service} is warming up; retry once its health check reports SERVING")
+
+
+async def _abort(context: grpc.aio.ServicerContext, error: ServiceError) -> None:
+    await context.abort(error.code, error.message, trailing_metadata=trailing_metadata(error))
+
+
+def _unexpected(method: str, exc: Exception) -> ServiceError:
+    log.exception("unhandled error in %s", method)
+    return Internal(f"internal error in {method} ({type(exc).__name__}); the server log has the traceback")
+
+
+def _wrap_unary(behavior: Callable[..., Awaitable], method: str, readiness: Readiness):
+    async def handler(request, context):
+        try:
+            readiness.check()
+            return await behavior(request, context)
+        except ServiceError as error:
+            await _abort(context, error)
+        except (grpc.aio.AbortError, grpc.RpcError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the edge of the RPC
+            await _abort(context, _unexpected(method, exc))
+
+    return handler
+
+
+def _wrap_streaming(behavior: Callable, method: str, readiness: Readiness):
+    async def handler(request, context):
+        try:
+            readiness.check()
+            result = behavior(request, context)
+            if inspect.isasyncgen(result):
+                async for message in result:
+                    yield message
+            else:  # a coroutine that writes with context.write
+                await result
+        except ServiceError as error:
+            await _abort(context, error)
+        except (grpc.aio.AbortError, grpc.RpcError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the edge of the RPC
+            await _abort(context, _unexpected(method, exc))
+
+    return handler
+
+
+class EdgeInterceptor(grpc.aio.ServerInterceptor):
+    """Rejects calls until ready, and maps domain errors to statuses."""
+
+    def __init__(self, readiness: Readiness, always_open: Collection[str] = ALWAYS_OPEN) -> None:
+        self._readiness = readiness
+        self._always_open = always_open
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        service = method.rsplit("/", 2)[-2] if method.count("/") >= 2 else ""
+        if service in self._always_open:
+            return handler  # grpc's own servicers: nothing of ours to map
+        gate = self._readiness
+        if handler.unary_unary is not None:
+            return handler._replace(unary_unary=_wrap_unary(handler.unary_unary, method, gate))
+        if handler.stream_unary is not None:
+            return handler._replace(stream_unary=_wrap_unary(handler.stream_unary, method, gate))
+        if handler.unary_stream is not None:
+            return handler._replace(unary_stream=_wrap_streaming(handler.unary_stream, method, gate))
+        return handler._replace(stream_stream=_wrap_streaming(handler.stream_stream, method, gate))

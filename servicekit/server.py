@@ -1,0 +1,233 @@
+"""The server bootstrap every service runs on.
+
+Start-up: build a ``grpc.aio`` server with health and reflection, register the
+app's servicers, bind mTLS, start listening with health ``NOT_SERVING``, run
+the app's warm-up (its lifespan), then report ``SERVING``.
+
+Shutdown, in reverse: on SIGTERM or SIGINT health turns ``NOT_SERVING``, the
+server refuses new calls and gives in-flight ones ``grace_s`` to finish, then
+the app's lifespan closes its backends. A second signal exits at once. A
+signal during warm-up cancels the warm-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from typing import Protocol
+
+import grpc
+import uvloop
+from google.protobuf.descriptor import ServiceDescriptor
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from servicekit.interceptors import EdgeInterceptor, Readiness
+from servicekit.keepalive import GrpcOptions
+from servicekit.settings import ServiceSettings
+from servicekit.tls import ServerTls
+
+log = logging.getLogger(__name__)
+
+_HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+
+
+class Health:
+    """The service's health as probes see it: one status for the server and each service."""
+
+    def __init__(self, servicer: health_aio.HealthServicer, services: Sequence[str]) -> None:
+        self._servicer = servicer
+        self._names = ("", *services)
+        self.serving = False
+
+    async def set_serving(self, serving: bool) -> None:
+        """Report SERVING or NOT_SERVING for the server and all its services."""
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in self._names:
+            await self._servicer.set(name, status)
+        self.serving = serving
+
+    async def enter_graceful_shutdown(self) -> None:
+        """NOT_SERVING for good: later set_serving calls are ignored."""
+        await self._servicer.enter_graceful_shutdown()
+        self.serving = False
+
+
+class ServiceApp(Protocol):
+    """What a service hands the bootstrap."""
+
+    #: Short name for logs and errors, such as "inference".
+    name: str
+    #: The gRPC services it implements, for health and reflection.
+    services: Sequence[ServiceDescriptor]
+
+    def register(self, server: grpc.aio.Server) -> None:
+        """Add the servicers to ``server`` (called before it starts)."""
+
+    def lifespan(self, health: Health) -> AbstractAsyncContextManager[None]:
+        """Entering opens backends and warms up; exiting closes them.
+
+        The bootstrap reports SERVING once entered. ``health`` lets the app
+        report NOT_SERVING later, for example when its engine dies.
+        """
+
+
+@dataclass
+class RunningService:
+    """A started service: where it listens and how to stop it."""
+
+    port: int
+    server: grpc.aio.Server
+    health: Health
+    grace_s: float
+
+    async def drain(self) -> None:
+        """Refuse new calls, give in-flight ones ``grace_s``, then stop."""
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(self.grace_s)
+
+
+def server_options(settings: ServiceSettings) -> GrpcOptions:
+    """Server arguments, each with the reason it is not gRPC's default."""
+    return [
+        *settings.keepalive.server_options(),
+        ("grpc.max_receive_message_length", settings.max_message_bytes),
+        ("grpc.max_send_message_length", settings.max_message_bytes),
+        # gRPC sets SO_REUSEPORT by default, so a second server on a taken
+        # port starts "fine" and steals half the connections. Only the
+        # gateway, which runs several worker processes on one port, wants it.
+        ("grpc.so_reuseport", int(getattr(settings, "reuse_port", False))),
+    ]
+
+
+@asynccontextmanager
+async def running_service(
+    app: ServiceApp,
+    settings: ServiceSettings,
+    *,
+    credentials: grpc.ServerCredentials | None = None,
+    insecure: bool = False,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+) -> AsyncIterator[RunningService]:
+    """Serve ``app`` until the body exits, then drain and close in reverse order.
+
+    Args:
+        credentials: server credentials; default mTLS from ``settings.tls_dir``.
+        insecure: listen in plaintext (development only; the caller warns).
+        interceptors: run before the edge interceptor (for example tracing).
+    """
+    started = time.perf_counter()
+    if credentials is None and not insecure:
+        credentials = ServerTls.from_dir(settings.tls_dir).credentials()
+    readiness = Readiness(app.name)
+    server = grpc.aio.server(
+        interceptors=[*interceptors, EdgeInterceptor(readiness)],
+        options=server_options(settings),
+    )
+    service_names = [service.full_name for service in app.services]
+    health_servicer = health_aio.HealthServicer()
+    health = Health(health_servicer, service_names)
+    await health.set_serving(False)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection([*service_names, _HEALTH_SERVICE, reflection.SERVICE_NAME], server)
+    app.register(server)
+    if insecure:
+        port = server.add_insecure_port(settings.listen_address)
+    else:
+        port = server.add_secure_port(settings.listen_address, credentials)
+    running = RunningService(port=port, server=server, health=health, grace_s=settings.grace_s)
+    async with AsyncExitStack() as stack:
+        stack.push_async_callback(server.stop, None)  # last: whatever happened, stop
+        await server.start()
+        log.info("%s listening on %s:%d (%s), warming up", app.name, settings.host, port,
+                 "PLAINTEXT" if insecure else "mTLS")
+        if settings.port_file is not None:
+            # Written as soon as we listen, so a supervisor can watch health
+            # through the warm-up.
+            _write_port_file(settings.port_file, port)
+            stack.callback(settings.port_file.unlink, missing_ok=True)
+        await stack.enter_async_context(app.lifespan(health))
+        stack.push_async_callback(running.drain)  # first: drain before backends close
+        readiness.ready = True
+        await health.set_serving(True)
+        log.info("%s SERVING on port %d after %.0f ms", app.name, port, (time.perf_counter() - started) * 1000)
+        yield running
+    log.info("%s stopped", app.name)
+
+
+def _write_port_file(path, port: int) -> None:
+    # Write-then-rename so a reader never sees a half-written file.
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(f"{port}\n")
+    os.replace(tmp, path)
+
+
+class _SignalHandler:
+    """First signal: drain (or cancel a warm-up). Second: exit at once."""
+
+    def __init__(self, main_task: asyncio.Task, stop: asyncio.Event) -> None:
+        self._main = main_task
+        self._stop = stop
+        self.received = 0
+        self.last_signal = 0
+        self.ready = False
+
+    def __call__(self, signum: int) -> None:
+        self.received += 1
+        self.last_signal = signum
+        name = signal.Signals(signum).name
+        if self.received > 1:
+            log.warning("second %s: exiting now without draining", name)
+            logging.shutdown()
+            os._exit(128 + signum)
+        if self.ready:
+            log.info("%s: draining", name)
+            self._stop.set()
+        else:
+            log.info("%s during warm-up: cancelling start-up", name)
+            self._main.cancel()
+
+
+async def serve_until_signalled(app: ServiceApp, settings: ServiceSettings, **kwargs) -> int:
+    """Serve ``app`` until SIGTERM or SIGINT; return the process exit code."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    handler = _SignalHandler(main_task, stop)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, handler, signum)
+    try:
+        async with running_service(app, settings, **kwargs):
+            handler.ready = True
+            await stop.wait()
+        return 0
+    except asyncio.CancelledError:
+        if handler.received:
+            return 128 + handler.last_signal
+        raise
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+
+
+def configure_logging(level: str) -> None:
+    """One line per record, with time and logger: what an operator greps."""
+    logging.basicConfig(
+        level=level,
+        format="%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+
+
+def run(app: ServiceApp, settings: ServiceSettings, **kwargs) -> int:
+    """Run ``app`` on uvloop until signalled; the process entry point of a service."""
+    configure_logging(settings.log_level)
+    return uvloop.run(serve_until_signalled(app, settings, **kwargs))

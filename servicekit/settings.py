@@ -1,0 +1,114 @@
+"""Settings shared by every service, read from ``AGW_*`` environment variables.
+
+Each service subclasses :class:`ServiceSettings` and gives its own fields the
+service's prefix (``AGW_INFERENCE_PORT``), while the fields declared here keep
+one name for the whole deployment (``AGW_HOME``, ``AGW_KEEPALIVE_TIME_S``):
+a client and a server must agree on them, so they must not differ by service.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+from pydantic import Field, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from servicekit.keepalive import KeepalivePolicy
+
+ENV_PREFIX = "AGW_"
+
+S = TypeVar("S", bound="ServiceSettings")
+
+#: A TCP port; 0 picks a free one. Subclasses declare ``port: Port = 50053``.
+Port = Annotated[int, Field(ge=0, le=65535, description="Port to listen on; 0 picks a free one.")]
+
+
+class SettingsError(ValueError):
+    """A setting has a bad value; the message names each variable at fault."""
+
+
+def deployment_field(default: Any, name: str, **constraints: Any) -> Any:
+    """A field read from ``AGW_<NAME>`` whatever the subclass's prefix.
+
+    Only the prefixed name is an alias: a bare alias such as "home" would be
+    matched, case-insensitively, against the environment's ``HOME``. Code
+    still passes the field name, thanks to ``populate_by_name``.
+    """
+    return Field(default, validation_alias=f"{ENV_PREFIX}{name.upper()}", **constraints)
+
+
+class ServiceSettings(BaseSettings):
+    """What every service needs: local state, TLS, listening, keepalive, drain.
+
+    Subclasses set ``model_config = prefixed_config("inference")`` and declare
+    ``port: Port = <default>`` (the ``Port`` type keeps the range check).
+    """
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore", populate_by_name=True)
+
+    home: Path = deployment_field(Path(".agentgw"), "home", description="Folder for all local state.")
+    tls_dir: Path | None = deployment_field(
+        None, "tls_dir", description="Folder of the CA, server and client certificates; default $AGW_HOME/tls."
+    )
+    host: str = Field("127.0.0.1", description="Address to listen on; 0.0.0.0 or [::] for all.")
+    port: Port = 0
+    port_file: Path | None = Field(None, description="If set, the bound port is written here once listening (removed on exit).")
+    grace_s: float = deployment_field(10.0, "grace_s", gt=0, description="Drain period after SIGTERM, in seconds.")
+    keepalive_time_s: float = deployment_field(
+        20.0, "keepalive_time_s", ge=1.0, description="Idle time before a keepalive ping, in seconds."
+    )
+    keepalive_timeout_s: float = deployment_field(
+        10.0, "keepalive_timeout_s", gt=0, description="Wait for a ping's ack before the connection is dropped."
+    )
+    max_message_bytes: int = deployment_field(
+        16 * 1024 * 1024, "max_message_bytes", ge=64 * 1024, description="Largest gRPC message sent or received."
+    )
+    log_level: str = deployment_field("INFO", "log_level", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
+
+    @model_validator(mode="after")
+    def _derive_and_check(self) -> ServiceSettings:
+        if self.tls_dir is None:
+            # Frozen model: derived defaults are set once, here, and never again.
+            object.__setattr__(self, "tls_dir", self.home / "tls")
+        if self.keepalive_timeout_s >= self.keepalive_time_s * 4:
+            raise ValueError("AGW_KEEPALIVE_TIMEOUT_S should be well under AGW_KEEPALIVE_TIME_S")
+        return self
+
+    @property
+    def keepalive(self) -> KeepalivePolicy:
+        """The keepalive policy both ends of every channel derive their options from."""
+        return KeepalivePolicy(time_s=self.keepalive_time_s, timeout_s=self.keepalive_timeout_s)
+
+    @property
+    def listen_address(self) -> str:
+        host = self.host
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        return f"{host}:{self.port}"
+
+
+def prefixed_config(service: str) -> SettingsConfigDict:
+    """The pydantic config for a service's settings: its own ``AGW_<SERVICE>_`` prefix."""
+    return SettingsConfigDict(env_prefix=f"{ENV_PREFIX}{service.upper()}_")
+
+
+def load_settings(cls: type[S], **overrides: Any) -> S:
+    """Read ``cls`` from the environment, failing with every bad variable named.
+
+    Raises:
+        SettingsError: one line per bad value, as ``AGW_NAME: reason (got 'x')``.
+    """
+    try:
+        return cls(**overrides)
+    except ValidationError as exc:
+        prefix = cls.model_config.get("env_prefix", ENV_PREFIX)
+        lines = []
+        for error in exc.errors():
+            loc = [str(part) for part in error["loc"]]
+            variable = loc[0] if loc and loc[0].startswith(ENV_PREFIX) else f"{prefix}{'_'.join(loc)}".upper()
+            if not loc:
+                variable = cls.__name__
+            got = f" (got {error['input']!r})" if "input" in error and not isinstance(error["input"], dict) else ""
+            lines.append(f"{variable}: {error['msg']}{got}")
+        raise SettingsError("invalid settings:\n  " + "\n  ".join(lines)) from None

@@ -1,0 +1,13 @@
+"""Fixtures shared by every tier."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.pki import PkiFixture, make_test_pki
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory) -> PkiFixture:
+    """The dev PKI (tenants "dev" and "other") and certificates that must be refused."""
+    return make_test_pki(tmp_path_factory.mktemp("tls"))

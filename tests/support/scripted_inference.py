@@ -1,0 +1,90 @@
+"""A scripted Inference service for testing the server bootstrap itself.
+
+It runs on the real bootstrap (mTLS, health, drain) but its handlers follow a
+script instead of running a model, so tests can hold a stream open for a known
+time or raise a chosen error on demand. The real inference service is tested
+against vLLM elsewhere; this exists only to inject timings and faults.
+
+Script, through the request:
+- Generate: ``prompt`` = "tokens=N delay=S" streams N messages S seconds apart.
+- Tokenize: ``text`` = "invalid" | "busy" | "crash" raises that failure;
+  anything else returns one id per character.
+
+Run as a process: ``python -m tests.support.scripted_inference`` with
+``AGW_SCRIPTED_PORT_FILE``, ``AGW_TLS_DIR`` and optionally
+``AGW_SCRIPTED_WARMUP_S`` and ``AGW_SCRIPTED_CLOSED_FILE``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from agent.inference.v1 import inference_pb2, inference_pb2_grpc
+from servicekit import InvalidArgument, ResourceExhausted, ServiceSettings, load_settings, prefixed_config, run
+
+INFERENCE_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["Inference"]
+
+
+class ScriptedSettings(ServiceSettings):
+    model_config = prefixed_config("scripted")
+
+    warmup_s: float = 0.0
+    closed_file: Path | None = None
+
+
+def parse_script(prompt: str) -> tuple[int, float]:
+    fields = dict(part.split("=", 1) for part in prompt.split())
+    return int(fields.get("tokens", 3)), float(fields.get("delay", 0))
+
+
+class ScriptedInference(inference_pb2_grpc.InferenceServicer):
+    async def Generate(self, request, context):
+        tokens, delay = parse_script(request.prompt)
+        for index in range(tokens):
+            if index:
+                await asyncio.sleep(delay)
+            yield inference_pb2.GenerateResponse(text=f"t{index} ", token_ids=[index])
+        yield inference_pb2.GenerateResponse(
+            result=inference_pb2.GenerationResult(finish_reason=inference_pb2.FINISH_REASON_LENGTH)
+        )
+
+    async def Tokenize(self, request, context):
+        if request.text == "invalid":
+            raise InvalidArgument("text", "scripted invalid input")
+        if request.text == "busy":
+            raise ResourceExhausted("scripted overload", retry_after_s=0.25)
+        if request.text == "crash":
+            raise RuntimeError("scripted crash")
+        return inference_pb2.TokenizeResponse(token_ids=[ord(c) for c in request.text])
+
+
+class ScriptedApp:
+    name = "scripted"
+    services = (INFERENCE_SERVICE,)
+
+    def __init__(self, settings: ScriptedSettings) -> None:
+        self.settings = settings
+
+    def register(self, server) -> None:
+        inference_pb2_grpc.add_InferenceServicer_to_server(ScriptedInference(), server)
+
+    @asynccontextmanager
+    async def lifespan(self, health):
+        await asyncio.sleep(self.settings.warmup_s)
+        try:
+            yield
+        finally:
+            if self.settings.closed_file is not None:
+                self.settings.closed_file.write_text("closed\n")
+
+
+def main() -> int:
+    settings = load_settings(ScriptedSettings)
+    return run(ScriptedApp(settings), settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

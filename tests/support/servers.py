@@ -1,0 +1,19 @@
+"""In-process servers on loopback, on the real bootstrap, always stopped."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import grpc
+
+from servicekit import running_service
+from tests.support.scripted_inference import ScriptedApp, ScriptedSettings
+
+
+@asynccontextmanager
+async def scripted_server(tls_dir: Path, *, credentials: grpc.ServerCredentials | None = None, **overrides):
+    """A scripted Inference server on a free loopback port; yields RunningService."""
+    settings = ScriptedSettings(tls_dir=tls_dir, port=0, grace_s=2.0, **overrides)
+    async with running_service(ScriptedApp(settings), settings, credentials=credentials) as running:
+        yield running
