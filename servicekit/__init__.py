@@ -21,8 +21,8 @@ from servicekit.errors import (
 )
 from servicekit.keepalive import KeepalivePolicy
 from servicekit.pki import TlsLayout, ensure_dev_pki
-from servicekit.server import Health, RunningService, ServiceApp, run, running_service, serve_until_signalled
-from servicekit.settings import Port, ServiceSettings, SettingsError, load_settings, prefixed_config
+from servicekit.server import Health, RunningService, ServiceApp, main_for, run, running_service, serve_until_signalled
+from servicekit.settings import Port, ServiceSettings, SettingsError, deployment_field, load_settings, prefixed_config
 from servicekit.tls import ClientTls, ServerTls, TlsConfigError
 
 __all__ = [
@@ -49,9 +49,11 @@ __all__ = [
     "TlsConfigError",
     "TlsLayout",
     "Unavailable",
+    "deployment_field",
     "ensure_dev_pki",
     "from_rpc_error",
     "load_settings",
+    "main_for",
     "open_channel",
     "run",
     "running_service",

@@ -22,12 +22,17 @@ SERVICES = {
 }
 
 
-def _certs(args: argparse.Namespace) -> int:
+def _shared_settings() -> ServiceSettings:
+    """The deployment-wide settings (AGW_HOME, AGW_TLS_DIR, ...); exits 2 naming a bad one."""
     try:
-        settings = load_settings(ServiceSettings)
+        return load_settings(ServiceSettings)
     except SettingsError as exc:
         print(exc, file=sys.stderr)
-        return 2
+        raise SystemExit(2) from None
+
+
+def _certs(args: argparse.Namespace) -> int:
+    settings = _shared_settings()
     tls_dir = args.dir or settings.tls_dir
     try:
         report = ensure_dev_pki(tls_dir, tenants=args.tenant or [DEFAULT_TENANT], force=args.force)
@@ -54,6 +59,15 @@ def _serve(args: argparse.Namespace) -> int:
     return module.main()
 
 
+def _smoke_model(args: argparse.Namespace) -> int:
+    from inference.smoke_model import build_smoke_model
+
+    settings = _shared_settings()
+    folder = build_smoke_model(args.dir or settings.home / "models" / "smoke", force=args.force)
+    print(f"smoke model at {folder} (random weights: it produces meaningless text)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentgw", description="agent-gateway: a low-latency gRPC gateway for agents")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -65,6 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     certs.add_argument("--force", action="store_true", help="re-issue everything, the CA included")
     certs.set_defaults(func=_certs)
+
+    smoke = commands.add_parser("smoke-model", help="build the offline smoke model (tiny Llama, random weights)")
+    smoke.add_argument("dir", nargs="?", type=Path, help="output folder (default: $AGW_HOME/models/smoke)")
+    smoke.add_argument("--force", action="store_true", help="rebuild even if an identical build exists")
+    smoke.set_defaults(func=_smoke_model)
 
     serve = commands.add_parser("serve", help="run one service in the foreground")
     serve.add_argument("service", choices=sorted(SERVICES))

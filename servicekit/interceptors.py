@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from contextlib import aclosing
 from collections.abc import Awaitable, Callable, Collection
 
 import grpc
@@ -70,8 +71,11 @@ def _wrap_streaming(behavior: Callable, method: str, readiness: Readiness):
             readiness.check()
             result = behavior(request, context)
             if inspect.isasyncgen(result):
-                async for message in result:
-                    yield message
+                # aclosing: a cancelled call closes the handler's generator at
+                # once, so its cleanup (an engine abort) runs now, not at GC.
+                async with aclosing(result) as messages:
+                    async for message in messages:
+                        yield message
             else:  # a coroutine that writes with context.write
                 await result
         except ServiceError as error:

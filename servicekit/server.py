@@ -16,11 +16,12 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import grpc
 import uvloop
@@ -31,11 +32,12 @@ from grpc_reflection.v1alpha import reflection
 
 from servicekit.interceptors import EdgeInterceptor, Readiness
 from servicekit.keepalive import GrpcOptions
-from servicekit.settings import ServiceSettings
-from servicekit.tls import ServerTls
+from servicekit.settings import ServiceSettings, SettingsError, load_settings
+from servicekit.tls import ServerTls, TlsConfigError
 
 log = logging.getLogger(__name__)
 
+S = TypeVar("S", bound=ServiceSettings)
 _HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 
 
@@ -231,3 +233,18 @@ def run(app: ServiceApp, settings: ServiceSettings, **kwargs) -> int:
     """Run ``app`` on uvloop until signalled; the process entry point of a service."""
     configure_logging(settings.log_level)
     return uvloop.run(serve_until_signalled(app, settings, **kwargs))
+
+
+def main_for(settings_cls: type[S], make_app: Callable[[S], ServiceApp]) -> int:
+    """A service's ``main()``: read and check settings, then run until signalled.
+
+    A bad setting exits with status 2 and the variable named, before anything
+    starts.
+    """
+    try:
+        settings = load_settings(settings_cls)
+        app = make_app(settings)
+    except (SettingsError, TlsConfigError, ValueError) as exc:
+        print(f"{settings_cls.__module__.split('.')[0]}: {exc}", file=sys.stderr)
+        return 2
+    return run(app, settings)

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,41 +12,24 @@ import pytest
 
 from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from tests.support.grpc_client import health_status, mtls_channel
+from servicekit.supervisor import ServiceProcess
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 
+class ScriptedProcess(ServiceProcess):
+    """The scripted Inference service in its own process, recording its backend close."""
 
-class ServerProcess:
-    """``python -m tests.support.scripted_inference`` in its own process."""
-
-    def __init__(self, tmp_path: Path, tls_dir: Path, **env: str) -> None:
-        self.port_file = tmp_path / "port"
-        self.closed_file = tmp_path / "closed"
-        self.log = tmp_path / "server.log"
-        environment = {
-            **os.environ,
-            "AGW_TLS_DIR": str(tls_dir),
-            "AGW_SCRIPTED_PORT": "0",
-            "AGW_SCRIPTED_PORT_FILE": str(self.port_file),
-            "AGW_SCRIPTED_CLOSED_FILE": str(self.closed_file),
-            "AGW_GRACE_S": "10",
-            **env,
-        }
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.scripted_inference"],
-            cwd=REPO, env=environment, stdout=self.log.open("wb"), stderr=subprocess.STDOUT,
+    def __init__(self, workdir: Path, tls_dir: Path, **env: str) -> None:
+        self.closed_file = workdir / "closed"
+        super().__init__(
+            "tests.support.scripted_inference", workdir, tls_dir, "AGW_SCRIPTED_", cwd=REPO,
+            env={"AGW_SCRIPTED_CLOSED_FILE": str(self.closed_file), "AGW_GRACE_S": "10", **env},
         )
 
-    async def port(self, timeout: float = 20) -> int:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.port_file.exists() and (text := self.port_file.read_text().strip()):
-                return int(text)
-            assert self.process.poll() is None, self.log.read_text()
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"server wrote no port in {timeout}s:\n{self.log.read_text()}")
+    async def port(self) -> int:
+        return self.wait_port(timeout=20)
 
     def signal(self, signum: int) -> None:
         self.process.send_signal(signum)
@@ -61,24 +41,19 @@ class ServerProcess:
             await asyncio.sleep(0.05)
         return code
 
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-
 
 @pytest.fixture
 def server_process(tmp_path, pki):
     started = []
 
-    def start(**env: str) -> ServerProcess:
-        process = ServerProcess(tmp_path, pki.root, **env)
+    def start(**env: str) -> ScriptedProcess:
+        process = ScriptedProcess(tmp_path / f"server{len(started)}", pki.root, **env)
         started.append(process)
         return process
 
     yield start
     for process in started:
-        process.kill()
+        process.stop(timeout=1)
 
 
 async def _wait_serving(channel, timeout: float = 20) -> None:

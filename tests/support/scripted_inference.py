@@ -23,7 +23,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from agent.inference.v1 import inference_pb2, inference_pb2_grpc
-from servicekit import InvalidArgument, ResourceExhausted, ServiceSettings, load_settings, prefixed_config, run
+from servicekit import InvalidArgument, ResourceExhausted, ServiceSettings, main_for, prefixed_config
 
 INFERENCE_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["Inference"]
 
@@ -82,8 +82,7 @@ class ScriptedApp:
 
 
 def main() -> int:
-    settings = load_settings(ScriptedSettings)
-    return run(ScriptedApp(settings), settings)
+    return main_for(ScriptedSettings, ScriptedApp)
 
 
 if __name__ == "__main__":

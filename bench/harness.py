@@ -1,0 +1,84 @@
+"""Shared pieces of the benchmarks: statistics, tables, JSON, throwaway PKI.
+
+Benchmarks measure and report; they never assert. Each prints the command
+that produced its figures, so docs/benchmarks.md can quote it.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import statistics
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as `python bench/x.py` from anywhere
+    sys.path.insert(0, str(REPO))
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty sample."""
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
+    return ordered[rank]
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    return {
+        "n": len(values),
+        "p50": percentile(values, 50),
+        "p95": percentile(values, 95),
+        "p99": percentile(values, 99),
+        "mean": statistics.fmean(values),
+    }
+
+
+def print_table(title: str, rows: list[dict], columns: Sequence[str]) -> None:
+    print(f"\n{title}")
+    widths = {c: max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns}
+    print("  ".join(c.ljust(widths[c]) for c in columns))
+    for row in rows:
+        print("  ".join(_fmt(row.get(c)).ljust(widths[c]) for c in columns))
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    return "" if value is None else str(value)
+
+
+def command_line() -> str:
+    """The invocation, with the script path relative to the repository."""
+    script = Path(sys.argv[0]).resolve()
+    shown = script.relative_to(REPO) if script.is_relative_to(REPO) else script
+    return "python " + " ".join(shlex.quote(str(a)) for a in [shown, *sys.argv[1:]])
+
+
+def write_json(path: Path | None, data: dict) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"command": command_line(), **data}, indent=2))
+        print(f"\nwrote {path}")
+
+
+def scratch_dir(prefix: str) -> Path:
+    return Path(tempfile.mkdtemp(prefix=f"agw-bench-{prefix}-"))
+
+
+def dev_pki(root: Path) -> Path:
+    from servicekit.pki import ensure_dev_pki
+
+    return ensure_dev_pki(root / "tls").layout.root
+
+
+def inference_process(root: Path, tls_dir: Path, name: str, **env: str):
+    """The inference service (smoke model unless AGW_MODEL is set) as a child process."""
+    from servicekit.supervisor import ServiceProcess
+
+    return ServiceProcess(
+        "inference.main", root / name, tls_dir, "AGW_INFERENCE_",
+        env={"AGW_HOME": str(root / "home"), "AGW_LOG_LEVEL": "WARNING", **env},
+    )

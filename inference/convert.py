@@ -1,0 +1,135 @@
+"""Conversion between ``agent.inference.v1`` messages and the domain types.
+
+The one place that knows both; the gateway reuses it for its passthrough.
+"""
+
+from __future__ import annotations
+
+from agent.inference.v1 import inference_pb2 as pb
+
+from inference.requests import (
+    Delta,
+    FinishReason,
+    Load,
+    Message,
+    ModelInfo,
+    PromptInput,
+    Result,
+    SamplingInput,
+    check_prompt_input,
+)
+
+_ROLE_NAMES = {
+    pb.ROLE_SYSTEM: "system",
+    pb.ROLE_USER: "user",
+    pb.ROLE_ASSISTANT: "assistant",
+    pb.ROLE_TOOL: "tool",
+}
+ROLE_BY_NAME = {name: value for value, name in _ROLE_NAMES.items()}
+_FINISH_REASONS = {
+    FinishReason.STOP: pb.FINISH_REASON_STOP,
+    FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
+    FinishReason.ABORT: pb.FINISH_REASON_ABORT,
+}
+
+
+def _optional(message, name: str):
+    return getattr(message, name) if message.HasField(name) else None
+
+
+def messages_from_proto(chat: pb.ChatMessages) -> tuple[Message, ...]:
+    # An unknown or unset role becomes "" and is rejected by check_prompt_input.
+    return tuple(Message(_ROLE_NAMES.get(m.role, ""), m.content) for m in chat.messages)
+
+
+def prompt_from_generate(request: pb.GenerateRequest) -> PromptInput:
+    kind = request.WhichOneof("input")
+    if kind == "prompt":
+        prompt = PromptInput(text=request.prompt)
+    elif kind == "chat":
+        prompt = PromptInput(
+            messages=messages_from_proto(request.chat),
+            add_generation_prompt=request.chat.add_generation_prompt if request.chat.HasField("add_generation_prompt") else True,
+        )
+    elif kind == "token_ids":
+        prompt = PromptInput(token_ids=tuple(request.token_ids.ids))
+    else:
+        prompt = PromptInput()
+    check_prompt_input(prompt)
+    return prompt
+
+
+def prompt_from_tokenize(request: pb.TokenizeRequest) -> PromptInput:
+    kind = request.WhichOneof("input")
+    if kind == "text":
+        prompt = PromptInput(
+            text=request.text,
+            add_special_tokens=request.add_special_tokens if request.HasField("add_special_tokens") else True,
+        )
+    elif kind == "chat":
+        prompt = PromptInput(messages=messages_from_proto(request.chat))
+    else:
+        prompt = PromptInput()
+    check_prompt_input(prompt)
+    return prompt
+
+
+def sampling_from_proto(sampling: pb.SamplingParams) -> SamplingInput:
+    return SamplingInput(
+        max_tokens=_optional(sampling, "max_tokens"),
+        temperature=_optional(sampling, "temperature"),
+        top_p=_optional(sampling, "top_p"),
+        top_k=_optional(sampling, "top_k"),
+        stop=tuple(sampling.stop),
+        seed=_optional(sampling, "seed"),
+        ignore_eos=sampling.ignore_eos,
+    )
+
+
+def delta_to_proto(delta: Delta) -> pb.GenerateResponse:
+    return pb.GenerateResponse(text=delta.text, token_ids=delta.token_ids)
+
+
+def result_to_proto(result: Result) -> pb.GenerateResponse:
+    return pb.GenerateResponse(
+        result=pb.GenerationResult(
+            finish_reason=_FINISH_REASONS[result.finish_reason],
+            usage=pb.Usage(
+                prompt_tokens=result.usage.prompt_tokens,
+                completion_tokens=result.usage.completion_tokens,
+                cached_prompt_tokens=result.usage.cached_prompt_tokens,
+            ),
+            timings=pb.GenerationTimings(
+                queue_ms=result.timings.queue_ms,
+                first_token_ms=result.timings.first_token_ms,
+                decode_ms=result.timings.decode_ms,
+                total_ms=result.timings.total_ms,
+            ),
+            request_id=result.request_id,
+        )
+    )
+
+
+def model_info_to_proto(info: ModelInfo) -> pb.GetModelInfoResponse:
+    return pb.GetModelInfoResponse(
+        model=info.model,
+        max_context_tokens=info.max_context_tokens,
+        dtype=info.dtype,
+        block_size=info.block_size,
+        prefix_caching=info.prefix_caching,
+        chunked_prefill=info.chunked_prefill,
+        max_num_seqs=info.max_num_seqs,
+        max_num_batched_tokens=info.max_num_batched_tokens,
+        quantization=info.quantization,
+        device=info.device,
+        vocab_size=info.vocab_size,
+    )
+
+
+def load_to_proto(load: Load) -> pb.GetLoadResponse:
+    return pb.GetLoadResponse(
+        running_requests=load.running,
+        waiting_requests=load.waiting,
+        kv_cache_usage=load.kv_cache_usage,
+        generated_tokens_total=load.generated_tokens_total,
+    )

@@ -1,0 +1,319 @@
+"""vLLM's AsyncLLM behind a small domain API: tokenize, generate, load, info.
+
+Tokenizing and chat templating run on our own thread pool, never on the event
+loop, and the engine receives token ids, so a prompt is tokenized exactly once
+and its length is checked before it reaches the scheduler. The engine's
+constructor blocks for tens of seconds (it starts the engine-core process), so
+it runs in a thread too: health checks keep answering NOT_SERVING meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AsyncExitStack, aclosing, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from servicekit.errors import InvalidArgument, ResourceExhausted, Unavailable
+
+from inference.engine_plan import EnginePlan, ModelShape, Platform, plan_engine
+from inference.load import LoadTracker
+from inference.requests import (
+    Delta,
+    FinishReason,
+    Limits,
+    Load,
+    Message,
+    ModelInfo,
+    PromptInput,
+    Result,
+    Sampling,
+    Timings,
+    Usage,
+    check_fits_context,
+    check_token_ids,
+)
+from inference.settings import InferenceSettings
+from inference.smoke_model import build_smoke_model
+
+log = logging.getLogger(__name__)
+
+_FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
+WARMUP_TEXT = "Warm-up: the tokenizer and the engine see one request before real traffic does."
+
+
+def detect_platform() -> Platform:
+    """CPU or CUDA, and the memory that sizing works from."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+        return Platform(device="cpu", total_memory_gib=total)
+    import torch
+
+    total = torch.cuda.get_device_properties(0).total_memory / 2**30
+    return Platform(device="cuda", total_memory_gib=total)
+
+
+def resolve_model(settings: InferenceSettings) -> str:
+    """The model to load: AGW_MODEL, or the smoke model (built on first use)."""
+    if settings.model:
+        return settings.model
+    return str(build_smoke_model(settings.smoke_model_dir))
+
+
+@dataclass
+class StartupStep:
+    name: str
+    ms: float
+
+
+class Engine:
+    """One vLLM engine, its tokenizer and its load. Build it with :func:`open_engine`."""
+
+    def __init__(self, llm, tokenizer, executor: ThreadPoolExecutor, settings: InferenceSettings,
+                 tracker: LoadTracker, model_name: str, device: str) -> None:
+        self._llm = llm
+        self._tokenizer = tokenizer
+        self._executor = executor
+        self._settings = settings
+        self._tracker = tracker
+        self._in_flight: set[str] = set()
+        self.dead_reason: str | None = None
+        config = llm.vllm_config
+        self.info = ModelInfo(
+            model=model_name,
+            max_context_tokens=config.model_config.max_model_len,
+            dtype=str(config.model_config.dtype).removeprefix("torch."),
+            block_size=config.cache_config.block_size,
+            prefix_caching=bool(config.cache_config.enable_prefix_caching),
+            chunked_prefill=bool(config.scheduler_config.enable_chunked_prefill),
+            max_num_seqs=config.scheduler_config.max_num_seqs,
+            max_num_batched_tokens=config.scheduler_config.max_num_batched_tokens,
+            quantization=config.model_config.quantization or "",
+            device=device,
+            vocab_size=len(tokenizer),
+        )
+        self.limits = Limits(
+            max_context_tokens=self.info.max_context_tokens,
+            vocab_size=self.info.vocab_size,
+            default_max_tokens=min(settings.default_max_tokens, self.info.max_context_tokens - 1),
+        )
+
+    # -- tokenizing, off the loop ------------------------------------------------
+
+    async def _off_loop(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def _encode_sync(self, prompt: PromptInput) -> list[int]:
+        if prompt.token_ids is not None:
+            return list(prompt.token_ids)
+        if prompt.messages is not None:
+            # Render to text, then encode: the template already holds the
+            # special tokens it wants (such as BOS).
+            text = self._tokenizer.apply_chat_template(
+                [{"role": m.role, "content": m.content} for m in prompt.messages],
+                add_generation_prompt=prompt.add_generation_prompt,
+                tokenize=False,
+            )
+            return self._tokenizer.encode(text, add_special_tokens=False)
+        return self._tokenizer.encode(prompt.text, add_special_tokens=prompt.add_special_tokens)
+
+    async def tokenize(self, prompt: PromptInput) -> list[int]:
+        """Token ids of ``prompt``, exactly as :meth:`generate` would see them."""
+        self._check_alive()
+        token_ids = await self._off_loop(self._encode_sync, prompt)
+        check_token_ids(token_ids, self.limits)
+        return token_ids
+
+    # -- generating --------------------------------------------------------------
+
+    def _check_alive(self) -> None:
+        if self.dead_reason is not None:
+            raise Unavailable(f"inference engine is dead ({self.dead_reason}); restart the inference service")
+
+    def _check_capacity(self) -> None:
+        """Refuse at once rather than queue without bound."""
+        queued = max(self._tracker.waiting, len(self._in_flight) - self.info.max_num_seqs)
+        if queued >= self._settings.max_waiting and len(self._in_flight) >= self.info.max_num_seqs:
+            raise ResourceExhausted(
+                f"inference queue is full: {queued} requests waiting beyond {self.info.max_num_seqs} running "
+                f"(AGW_INFERENCE_MAX_WAITING={self._settings.max_waiting}); retry shortly",
+                retry_after_s=0.5,
+            )
+
+    def new_request_id(self) -> str:
+        return f"gen-{uuid.uuid4().hex}"
+
+    async def generate(self, prompt: PromptInput, sampling: Sampling, request_id: str) -> AsyncIterator[Delta | Result]:
+        """Stream deltas, then one :class:`Result`. Closing the iterator aborts the request."""
+        from vllm import SamplingParams
+        from vllm.renderers.inputs.preprocess import parse_model_prompt
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        started = time.perf_counter()
+        self._check_alive()
+        if request_id in self._in_flight:
+            raise InvalidArgument("request_id", f"{request_id!r} is already in flight; use a unique id")
+        token_ids = await self.tokenize(prompt)
+        check_fits_context(len(token_ids), sampling, self.limits)
+        self._check_capacity()
+        params = SamplingParams(
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            stop=list(sampling.stop) or None,
+            seed=sampling.seed,
+            ignore_eos=sampling.ignore_eos,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        (engine_input,) = await self._llm.renderer.render_cmpl_async(
+            [parse_model_prompt(self._llm.model_config, {"prompt_token_ids": token_ids})]
+        )
+        self._in_flight.add(request_id)
+        completion_tokens = 0
+        try:
+            async with aclosing(self._llm.generate(engine_input, params, request_id)) as outputs:
+                async for output in outputs:
+                    completion = output.outputs[0]
+                    completion_tokens += len(completion.token_ids)
+                    if completion.text or completion.token_ids:
+                        yield Delta(completion.text, tuple(completion.token_ids))
+                    if output.finished:
+                        yield Result(
+                            request_id=request_id,
+                            finish_reason=_FINISH.get(completion.finish_reason or "", FinishReason.STOP),
+                            usage=Usage(len(token_ids), completion_tokens, output.num_cached_tokens or 0),
+                            timings=_timings(output.metrics, started),
+                        )
+        except EngineDeadError as exc:
+            self.mark_dead(str(exc) or "engine core exited")
+            raise Unavailable(f"inference engine died during the request; restart the service ({exc})") from exc
+        except ValueError as exc:  # vLLM's own request validation
+            raise InvalidArgument("request", str(exc)) from exc
+        finally:
+            self._in_flight.discard(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a request (idempotent; unknown ids are ignored)."""
+        if request_id in self._in_flight:
+            await self._llm.abort(request_id)
+
+    # -- load and health ---------------------------------------------------------
+
+    def load(self) -> Load:
+        in_flight = len(self._in_flight)
+        waiting = min(in_flight, max(self._tracker.waiting, in_flight - self.info.max_num_seqs))
+        return Load(
+            running=in_flight - waiting,
+            waiting=waiting,
+            kv_cache_usage=self._tracker.kv_cache_usage if in_flight else 0.0,
+            generated_tokens_total=self._tracker.generated_tokens_total,
+        )
+
+    def mark_dead(self, reason: str) -> None:
+        if self.dead_reason is None:
+            log.error("inference engine is dead: %s", reason)
+        self.dead_reason = reason
+
+    @property
+    def errored(self) -> bool:
+        return bool(self._llm.errored)
+
+    async def warm_up(self) -> list[StartupStep]:
+        """Encode a sample and run one short generation, so no real request pays for either."""
+        steps = []
+        started = time.perf_counter()
+        await self.tokenize(PromptInput(text=WARMUP_TEXT))
+        steps.append(StartupStep("warm tokenizer", (time.perf_counter() - started) * 1000))
+        started = time.perf_counter()
+        sampling = Sampling(max_tokens=4, temperature=0.0, ignore_eos=True)
+        prompt = PromptInput(messages=(Message("system", WARMUP_TEXT), Message("user", WARMUP_TEXT)))
+        async with aclosing(self.generate(prompt, sampling, "warmup")) as stream:
+            async for _ in stream:
+                pass
+        steps.append(StartupStep("warm generation", (time.perf_counter() - started) * 1000))
+        return steps
+
+
+def _timings(metrics, started: float) -> Timings:
+    total_ms = (time.perf_counter() - started) * 1000
+    if metrics is None:
+        return Timings(0.0, 0.0, 0.0, total_ms)
+    queue_ms = max(0.0, (metrics.scheduled_ts - metrics.queued_ts) * 1000) if metrics.scheduled_ts else 0.0
+    decode_ms = max(0.0, (metrics.last_token_ts - metrics.first_token_ts) * 1000) if metrics.first_token_ts else 0.0
+    return Timings(queue_ms, (metrics.first_token_latency or 0.0) * 1000, decode_ms, total_ms)
+
+
+def _log_plan(plan: EnginePlan) -> None:
+    for line in plan.describe():
+        log.info("engine: %s", line)
+
+
+@asynccontextmanager
+async def open_engine(settings: InferenceSettings, *, on_death=None) -> AsyncIterator[Engine]:
+    """Start the engine (and warm it up unless disabled); shut it down on exit.
+
+    ``on_death`` is awaited once if the engine dies while serving.
+    """
+    from transformers import AutoTokenizer
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    steps: list[StartupStep] = []
+    async with AsyncExitStack() as stack:
+        executor = ThreadPoolExecutor(settings.tokenizer_threads, thread_name_prefix="tokenizer")
+        stack.callback(executor.shutdown, wait=False, cancel_futures=True)
+        loop = asyncio.get_running_loop()
+
+        started = time.perf_counter()
+        model = await loop.run_in_executor(executor, resolve_model, settings)
+        steps.append(StartupStep("resolve model", (time.perf_counter() - started) * 1000))
+
+        platform = detect_platform()
+        local = Path(model)
+        plan = plan_engine(settings, platform, model, ModelShape.from_folder(local, settings.dtype) if local.exists() else None)
+        log.info("engine plan for %s on %s (%.0f GiB):", model, platform.device, platform.total_memory_gib)
+        _log_plan(plan)
+        # vLLM's CPU backend reads its KV-cache size from the environment of
+        # the engine-core process, which inherits ours.
+        os.environ.update(plan.environment)
+
+        started = time.perf_counter()
+        tokenizer = await loop.run_in_executor(executor, AutoTokenizer.from_pretrained, model)
+        steps.append(StartupStep("load tokenizer", (time.perf_counter() - started) * 1000))
+
+        tracker = LoadTracker()
+        started = time.perf_counter()
+        args = AsyncEngineArgs(**plan.engine_args, disable_log_stats=True)
+        llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[tracker.factory])
+        stack.callback(llm.shutdown)
+        steps.append(StartupStep("start engine", (time.perf_counter() - started) * 1000))
+
+        engine = Engine(llm, tokenizer, executor, settings, tracker, model, platform.device)
+        if settings.warmup:
+            steps += await engine.warm_up()
+        for step in steps:
+            log.info("start-up: %s took %.0f ms", step.name, step.ms)
+
+        watcher = asyncio.create_task(_watch_engine(engine, on_death), name="engine-watch")
+        stack.callback(watcher.cancel)
+        yield engine
+
+
+async def _watch_engine(engine: Engine, on_death) -> None:
+    """Notice an engine that died while idle, not only on the next request."""
+    while not engine.errored and engine.dead_reason is None:
+        await asyncio.sleep(0.5)
+    engine.mark_dead(engine.dead_reason or "engine core exited")
+    if on_death is not None:
+        await on_death()
+

@@ -1,0 +1,196 @@
+"""Domain types of a generation and the checks a request must pass.
+
+Nothing here knows protobuf or vLLM: the servicer converts to these types
+(``convert.py``) and the engine wrapper converts from them (``engine.py``).
+Every check raises :class:`~servicekit.errors.InvalidArgument` naming the
+field and the limit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+from servicekit.errors import InvalidArgument
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Decoding options after defaults and checks."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class SamplingInput:
+    """Decoding options as the caller sent them; None means unset."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    ignore_eos: bool = False
+
+
+class FinishReason(Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class Timings:
+    queue_ms: float
+    first_token_ms: float
+    decode_ms: float
+    total_ms: float
+
+
+@dataclass(frozen=True)
+class Delta:
+    """Text and token ids decoded since the previous delta."""
+
+    text: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Result:
+    """The end of a generation."""
+
+    request_id: str
+    finish_reason: FinishReason
+    usage: Usage
+    timings: Timings
+
+
+@dataclass(frozen=True)
+class Load:
+    running: int
+    waiting: int
+    kv_cache_usage: float
+    generated_tokens_total: int = 0
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    model: str
+    max_context_tokens: int
+    dtype: str
+    block_size: int
+    prefix_caching: bool
+    chunked_prefill: bool
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    quantization: str
+    device: str
+    vocab_size: int
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the loaded model accepts."""
+
+    max_context_tokens: int
+    vocab_size: int
+    default_max_tokens: int
+
+
+@dataclass(frozen=True)
+class PromptInput:
+    """Exactly one of text, messages or token ids."""
+
+    text: str | None = None
+    messages: tuple[Message, ...] | None = None
+    token_ids: tuple[int, ...] | None = None
+    add_generation_prompt: bool = True
+    add_special_tokens: bool = True
+
+
+def check_prompt_input(prompt: PromptInput, field_name: str = "input") -> None:
+    """Reject a missing or empty prompt, or a chat message with no role."""
+    if prompt.text is not None:
+        if not prompt.text:
+            raise InvalidArgument(f"{field_name}.prompt", "is empty; send the text to complete")
+    elif prompt.messages is not None:
+        if not prompt.messages:
+            raise InvalidArgument(f"{field_name}.chat.messages", "is empty; send at least one message")
+        for index, message in enumerate(prompt.messages):
+            if message.role not in ROLES:
+                raise InvalidArgument(
+                    f"{field_name}.chat.messages[{index}].role", f"must be one of {', '.join(ROLES)}"
+                )
+    elif prompt.token_ids is not None:
+        if not prompt.token_ids:
+            raise InvalidArgument(f"{field_name}.token_ids", "is empty; send at least one token id")
+    else:
+        raise InvalidArgument(field_name, "no prompt given; set one of prompt, chat or token_ids")
+
+
+def resolve_sampling(given: SamplingInput, limits: Limits) -> Sampling:
+    """Apply defaults and range checks to the caller's sampling options."""
+    max_tokens = limits.default_max_tokens if given.max_tokens is None else given.max_tokens
+    if max_tokens <= 0:
+        raise InvalidArgument("sampling.max_tokens", f"must be > 0 (got {max_tokens})")
+    if max_tokens >= limits.max_context_tokens:
+        raise InvalidArgument(
+            "sampling.max_tokens",
+            f"must be below the model's context of {limits.max_context_tokens} tokens (got {max_tokens})",
+        )
+    temperature = 1.0 if given.temperature is None else given.temperature
+    if not math.isfinite(temperature) or temperature < 0:
+        raise InvalidArgument("sampling.temperature", f"must be >= 0 (got {temperature})")
+    top_p = 1.0 if given.top_p is None else given.top_p
+    if not (0 < top_p <= 1):
+        raise InvalidArgument("sampling.top_p", f"must be in (0, 1] (got {top_p})")
+    top_k = -1 if given.top_k is None else given.top_k
+    if top_k < -1 or top_k == 0:
+        raise InvalidArgument("sampling.top_k", f"must be -1 (all) or a positive count (got {top_k})")
+    if any(not s for s in given.stop):
+        raise InvalidArgument("sampling.stop", "stop strings must not be empty")
+    return Sampling(max_tokens, temperature, top_p, top_k, tuple(given.stop), given.seed, given.ignore_eos)
+
+
+def check_token_ids(token_ids: tuple[int, ...] | list[int], limits: Limits) -> None:
+    """Reject ids outside the vocabulary."""
+    for index, token in enumerate(token_ids):
+        if token >= limits.vocab_size:
+            raise InvalidArgument(
+                f"token_ids[{index}]", f"id {token} is not in the vocabulary (ids are below {limits.vocab_size})"
+            )
+
+
+def check_fits_context(prompt_tokens: int, sampling: Sampling, limits: Limits) -> None:
+    """The prompt plus max_tokens must fit the context."""
+    if prompt_tokens + sampling.max_tokens > limits.max_context_tokens:
+        room = limits.max_context_tokens - sampling.max_tokens
+        raise InvalidArgument(
+            "input",
+            f"prompt is {prompt_tokens} tokens but the context is {limits.max_context_tokens} tokens and "
+            f"max_tokens={sampling.max_tokens}; shorten the prompt to at most {max(room, 0)} tokens "
+            f"or lower max_tokens",
+        )

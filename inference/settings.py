@@ -1,0 +1,47 @@
+"""Settings of the inference service (``AGW_INFERENCE_*``, plus ``AGW_MODEL``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from servicekit.settings import Port, ServiceSettings, deployment_field, prefixed_config
+
+
+class InferenceSettings(ServiceSettings):
+    """Engine and service options. ``None`` means "chosen for this machine at start"."""
+
+    model_config = prefixed_config("inference")
+
+    port: Port = 50053
+    model: str | None = deployment_field(
+        None, "model", description="Hugging Face id or local path; unset means the offline smoke model."
+    )
+    dtype: str = Field("auto", description="Weights' dtype: auto, float32, bfloat16 or float16.")
+    quantization: str | None = Field(None, description="Passed to vLLM, e.g. fp8 for bandwidth-bound GPUs.")
+    block_size: int | None = Field(None, gt=0, description="KV block size; default 16 on CUDA, 32 on CPU.")
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    max_model_len: int | None = Field(None, gt=0, description="Context length; default the model's own.")
+    max_num_seqs: int | None = Field(None, gt=0, description="Batch limit; default from memory.")
+    max_num_batched_tokens: int | None = Field(None, gt=0, description="Tokens per step; default vLLM's.")
+    kv_cache_gib: float | None = Field(
+        None, gt=0, description="CPU: KV-cache space in GiB (VLLM_CPU_KVCACHE_SPACE); default from RAM."
+    )
+    gpu_memory_utilization: float = Field(0.90, gt=0, le=1, description="CUDA: fraction of VRAM vLLM may take.")
+    expected_seq_tokens: int = Field(
+        2048, gt=0, description="Typical prompt+completion length, for sizing max_num_seqs on CPU."
+    )
+    enforce_eager: bool | None = Field(
+        None, description="Skip graph capture/compilation; default true on CPU, where it only slows start-up."
+    )
+    max_waiting: int = Field(64, ge=0, description="Requests queued beyond max_num_seqs before RESOURCE_EXHAUSTED.")
+    default_max_tokens: int = Field(256, gt=0, description="max_tokens when a request sets none.")
+    tokenizer_threads: int = Field(2, gt=0, description="Threads for tokenizing and chat templating off the loop.")
+    seed: int = 0
+    warmup: bool = Field(True, description="Warm tokenizer and engine before SERVING (off only to measure it).")
+
+    @property
+    def smoke_model_dir(self) -> Path:
+        return self.home / "models" / "smoke"

@@ -1,0 +1,150 @@
+"""The offline smoke model: a tiny Llama with random weights and a real tokenizer.
+
+Nothing can be downloaded from a model hub on the machines this project is
+built and tested on, so the inference service ships this builder. The result is
+a real Hugging Face model folder that vLLM loads like any other: a byte-level
+BPE tokenizer trained on Python's bundled ``pydoc_data`` topics, a chat
+template, and a two-layer Llama whose weights are random. It exercises the
+whole engine (tokenizer, scheduler, prefix cache, sampling) and produces
+**meaningless text**. Point ``AGW_MODEL`` at a real model for real answers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+#: Bumped whenever the builder's output changes, so stale builds are redone.
+BUILD_VERSION = 1
+MARKER = "agentgw-smoke-model.json"
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>", "<|end|>"]
+
+
+@dataclass(frozen=True)
+class SmokeModelSpec:
+    """Shape of the smoke model. Head size 64 suits vLLM's CPU attention kernels."""
+
+    vocab_size: int = 4096
+    hidden_size: int = 256
+    intermediate_size: int = 512
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 4096
+    seed: int = 0
+
+
+def _corpus() -> list[str]:
+    """Local English text to train the tokenizer on: Python's help topics."""
+    from pydoc_data.topics import topics
+
+    return [topics[key] for key in sorted(topics)]
+
+
+def _train_tokenizer(spec: SmokeModelSpec):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec.vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_corpus(), trainer=trainer)
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        additional_special_tokens=SPECIAL_TOKENS[3:],
+        model_max_length=spec.max_position_embeddings,
+        clean_up_tokenization_spaces=False,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def _random_model(spec: SmokeModelSpec, tokenizer):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(spec.seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+        torch_dtype="float32",
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def is_built(folder: Path, spec: SmokeModelSpec = SmokeModelSpec()) -> bool:
+    """Whether ``folder`` holds a smoke model built by this version with ``spec``."""
+    marker = folder / MARKER
+    if not marker.exists():
+        return False
+    try:
+        recorded = json.loads(marker.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return recorded.get("build_version") == BUILD_VERSION and recorded.get("spec") == asdict(spec)
+
+
+def build_smoke_model(folder: Path, spec: SmokeModelSpec = SmokeModelSpec(), *, force: bool = False) -> Path:
+    """Build the smoke model into ``folder`` unless an identical build is there.
+
+    The build goes to a temporary sibling folder and is renamed into place, so
+    a crash or a concurrent builder never leaves a half-written model.
+    """
+    folder = folder.resolve()
+    if not force and is_built(folder, spec):
+        log.info("smoke model already built at %s", folder)
+        return folder
+    started = time.perf_counter()
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    try:
+        tokenizer = _train_tokenizer(spec)
+        model = _random_model(spec, tokenizer)
+        model.save_pretrained(staging, safe_serialization=True)
+        tokenizer.save_pretrained(staging)
+        (staging / MARKER).write_text(
+            json.dumps({"build_version": BUILD_VERSION, "spec": asdict(spec), "note": __doc__.splitlines()[0]}, indent=2)
+        )
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(staging, folder)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    log.info("built smoke model at %s in %.1f s", folder, time.perf_counter() - started)
+    return folder

