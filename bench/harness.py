@@ -19,11 +19,7 @@ if str(REPO) not in sys.path:  # run as `python bench/x.py` from anywhere
     sys.path.insert(0, str(REPO))
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of a non-empty sample."""
-    ordered = sorted(values)
-    rank = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
-    return ordered[rank]
+from servicekit.stats import percentile  # noqa: E402 - after the sys.path fix above
 
 
 def summary(values: Sequence[float]) -> dict[str, float]:
@@ -74,11 +70,30 @@ def dev_pki(root: Path) -> Path:
     return ensure_dev_pki(root / "tls").layout.root
 
 
-def inference_process(root: Path, tls_dir: Path, name: str, **env: str):
-    """The inference service (smoke model unless AGW_MODEL is set) as a child process."""
+def _service_process(module: str, prefix: str, root: Path, tls_dir: Path, name: str, env: dict):
     from servicekit.supervisor import ServiceProcess
 
     return ServiceProcess(
-        "inference.main", root / name, tls_dir, "AGW_INFERENCE_",
+        module, root / name, tls_dir, prefix,
         env={"AGW_HOME": str(root / "home"), "AGW_LOG_LEVEL": "WARNING", **env},
     )
+
+
+def inference_process(root: Path, tls_dir: Path, name: str, **env: str):
+    """The inference service (smoke model unless AGW_MODEL is set) as a child process."""
+    return _service_process("inference.main", "AGW_INFERENCE_", root, tls_dir, name, env)
+
+
+def retrieval_process(root: Path, tls_dir: Path, name: str, **env: str):
+    """The retrieval service (Qdrant Edge unless AGW_QDRANT_URL is set) as a child process."""
+    return _service_process("retrieval.main", "AGW_RETRIEVAL_", root, tls_dir, name, env)
+
+
+def clustered_vectors(count: int, dim: int, seed: int = 0):
+    """Unit vectors around 200 centres, so close neighbours exist as with real embeddings."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(200, dim))
+    vectors = centres[rng.integers(0, 200, count)] + rng.normal(scale=0.9, size=(count, dim))
+    return (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from pathlib import Path
 
@@ -48,6 +49,11 @@ def _certs(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    if args.workers is not None:
+        if args.service != "gateway":
+            print("agentgw serve: --workers applies to the gateway only", file=sys.stderr)
+            return 2
+        os.environ["AGW_GATEWAY_WORKERS"] = str(args.workers)
     module_name = SERVICES[args.service]
     try:
         module = importlib.import_module(module_name)
@@ -68,6 +74,22 @@ def _smoke_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _retrieval_client(args: argparse.Namespace) -> int:
+    import grpc
+
+    from retrieval import cli as retrieval_cli
+
+    settings = _shared_settings()
+    try:
+        return retrieval_cli.run(args.command, args, settings.tls_dir)
+    except grpc.RpcError as exc:
+        print(f"agentgw {args.command}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+    except (OSError, ConnectionError) as exc:
+        print(f"agentgw {args.command}: {exc}", file=sys.stderr)
+        return 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentgw", description="agent-gateway: a low-latency gRPC gateway for agents")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -85,8 +107,17 @@ def build_parser() -> argparse.ArgumentParser:
     smoke.add_argument("--force", action="store_true", help="rebuild even if an identical build exists")
     smoke.set_defaults(func=_smoke_model)
 
+    ingest = commands.add_parser("ingest", help="chunk text/Markdown files (or --sample) into a collection")
+    tune = commands.add_parser("tune-ef", help="tune a collection's hnsw_ef to a recall target")
+    from retrieval.cli import add_arguments
+
+    add_arguments(ingest, tune)
+    ingest.set_defaults(func=_retrieval_client)
+    tune.set_defaults(func=_retrieval_client)
+
     serve = commands.add_parser("serve", help="run one service in the foreground")
     serve.add_argument("service", choices=sorted(SERVICES))
+    serve.add_argument("--workers", type=int, help="gateway only: processes sharing the port (default: cores)")
     serve.set_defaults(func=_serve)
     return parser
 

@@ -69,6 +69,7 @@ class ServiceApp(Protocol):
     name: str
     #: The gRPC services it implements, for health and reflection.
     services: Sequence[ServiceDescriptor]
+    #: Optional: True to listen in plaintext (only the gateway, only with AGW_INSECURE_DEV).
 
     def register(self, server: grpc.aio.Server) -> None:
         """Add the servicers to ``server`` (called before it starts)."""
@@ -126,6 +127,7 @@ async def running_service(
         interceptors: run before the edge interceptor (for example tracing).
     """
     started = time.perf_counter()
+    insecure = insecure or getattr(app, "insecure", False)
     if credentials is None and not insecure:
         credentials = ServerTls.from_dir(settings.tls_dir).credentials()
     readiness = Readiness(app.name)
@@ -244,6 +246,8 @@ def main_for(settings_cls: type[S], make_app: Callable[[S], ServiceApp]) -> int:
     try:
         settings = load_settings(settings_cls)
         app = make_app(settings)
+        if not getattr(app, "insecure", False):
+            ServerTls.from_dir(settings.tls_dir)  # fail now, naming the missing file
     except (SettingsError, TlsConfigError, ValueError) as exc:
         print(f"{settings_cls.__module__.split('.')[0]}: {exc}", file=sys.stderr)
         return 2

@@ -7,16 +7,17 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from servicekit import ChannelSpec, ClientTls, KeepalivePolicy, open_channel
+from servicekit import ChannelSpec, ClientTls, KeepalivePolicy, RetryPolicy, open_channel
 
 
 def mtls_channel(port: int, tls_dir: Path, *, identity: str = "dev", keepalive: KeepalivePolicy | None = None,
-                 services=(), host: str = "127.0.0.1") -> grpc.aio.Channel:
+                 services=(), host: str = "127.0.0.1", retry: RetryPolicy | None = RetryPolicy()) -> grpc.aio.Channel:
     spec = ChannelSpec(
         target=f"{host}:{port}",
         tls=ClientTls.from_dir(tls_dir, identity),
         services=services,
         keepalive=keepalive or KeepalivePolicy(),
+        retry=retry,
     )
     return open_channel(spec)
 

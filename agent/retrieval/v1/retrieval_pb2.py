@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"agent/retrieval/v1/retrieval.proto\x12\x12\x61gent.retrieval.v1\x1a\x1cgoogle/protobuf/struct.proto\"-\n\nHnswParams\x12\t\n\x01m\x18\x01 \x01(\r\x12\x14\n\x0c\x65\x66_construct\x18\x02 \x01(\r\"\xfa\x01\n\nCollection\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bvector_size\x18\x02 \x01(\r\x12.\n\x08\x64istance\x18\x03 \x01(\x0e\x32\x1c.agent.retrieval.v1.Distance\x12,\n\x04hnsw\x18\x04 \x01(\x0b\x32\x1e.agent.retrieval.v1.HnswParams\x12\x10\n\x08tuned_ef\x18\x05 \x01(\r\x12\x14\n\x0ctuned_recall\x18\x06 \x01(\x01\x12\x13\n\x0bpoint_count\x18\x07 \x01(\x04\x12\x1e\n\x16\x64\x65\x66\x61ult_payload_fields\x18\x08 \x03(\t\x12\x0e\n\x06tenant\x18\t \x01(\t\"M\n\x17\x43reateCollectionRequest\x12\x32\n\ncollection\x18\x01 \x01(\x0b\x32\x1e.agent.retrieval.v1.Collection\"N\n\x18\x43reateCollectionResponse\x12\x32\n\ncollection\x18\x01 \x01(\x0b\x32\x1e.agent.retrieval.v1.Collection\"$\n\x14GetCollectionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"K\n\x15GetCollectionResponse\x12\x32\n\ncollection\x18\x01 \x01(\x0b\x32\x1e.agent.retrieval.v1.Collection\"\'\n\x17\x44\x65leteCollectionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"+\n\x18\x44\x65leteCollectionResponse\x12\x0f\n\x07\x65xisted\x18\x01 \x01(\x08\"N\n\x08\x44ocument\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12(\n\x07payload\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"T\n\rUpsertRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12/\n\tdocuments\x18\x02 \x03(\x0b\x32\x1c.agent.retrieval.v1.Document\"\"\n\x0eUpsertResponse\x12\x10\n\x08upserted\x18\x01 \x01(\r\"0\n\rDeleteRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\t\"\x10\n\x0e\x44\x65leteResponse\"\x18\n\x06Vector\x12\x0e\n\x06values\x18\x01 \x03(\x02\"k\n\x05Range\x12\x0f\n\x02gt\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x10\n\x03gte\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x0f\n\x02lt\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x10\n\x03lte\x18\x04 \x01(\x01H\x03\x88\x01\x01\x42\x05\n\x03_gtB\x06\n\x04_gteB\x05\n\x03_ltB\x06\n\x04_lte\"\x8b\x01\n\x0e\x46ieldCondition\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x11\n\x07keyword\x18\x02 \x01(\tH\x00\x12\x11\n\x07integer\x18\x03 \x01(\x03H\x00\x12\x11\n\x07\x62oolean\x18\x04 \x01(\x08H\x00\x12*\n\x05range\x18\x05 \x01(\x0b\x32\x19.agent.retrieval.v1.RangeH\x00\x42\x07\n\x05match\"p\n\x06\x46ilter\x12\x30\n\x04must\x18\x01 \x03(\x0b\x32\".agent.retrieval.v1.FieldCondition\x12\x34\n\x08must_not\x18\x02 \x03(\x0b\x32\".agent.retrieval.v1.FieldCondition\"\xa0\x02\n\rSearchRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12,\n\x06vector\x18\x03 \x01(\x0b\x32\x1a.agent.retrieval.v1.VectorH\x00\x12\r\n\x05top_k\x18\x04 \x01(\r\x12*\n\x06\x66ilter\x18\x05 \x01(\x0b\x32\x1a.agent.retrieval.v1.Filter\x12\x16\n\x0epayload_fields\x18\x06 \x03(\t\x12\x1c\n\x0fscore_threshold\x18\x07 \x01(\x02H\x01\x88\x01\x01\x12\x14\n\x07hnsw_ef\x18\x08 \x01(\rH\x02\x88\x01\x01\x12\r\n\x05\x65xact\x18\t \x01(\x08\x42\x07\n\x05queryB\x12\n\x10_score_thresholdB\n\n\x08_hnsw_ef\"U\n\x0eScoredDocument\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\x12(\n\x07payload\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"i\n\x0eSearchResponse\x12\x33\n\x07results\x18\x01 \x03(\x0b\x32\".agent.retrieval.v1.ScoredDocument\x12\x11\n\ttruncated\x18\x02 \x01(\x08\x12\x0f\n\x07hnsw_ef\x18\x03 \x01(\r\"\x83\x01\n\x15TuneCollectionRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x15\n\rtarget_recall\x18\x02 \x01(\x01\x12\t\n\x01k\x18\x03 \x01(\r\x12\x13\n\x0bsample_size\x18\x04 \x01(\r\x12\x0f\n\x07queries\x18\x05 \x03(\t\x12\x0e\n\x06max_ef\x18\x06 \x01(\r\"K\n\rEfMeasurement\x12\n\n\x02\x65\x66\x18\x01 \x01(\r\x12\x0e\n\x06recall\x18\x02 \x01(\x01\x12\x0e\n\x06p50_ms\x18\x03 \x01(\x01\x12\x0e\n\x06p95_ms\x18\x04 \x01(\x01\"\x88\x01\n\x16TuneCollectionResponse\x12\x11\n\tchosen_ef\x18\x01 \x01(\r\x12\x0e\n\x06recall\x18\x02 \x01(\x01\x12\x12\n\ntarget_met\x18\x03 \x01(\x08\x12\x37\n\x0cmeasurements\x18\x04 \x03(\x0b\x32!.agent.retrieval.v1.EfMeasurement*`\n\x08\x44istance\x12\x18\n\x14\x44ISTANCE_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x44ISTANCE_COSINE\x10\x01\x12\x10\n\x0c\x44ISTANCE_DOT\x10\x02\x12\x13\n\x0f\x44ISTANCE_EUCLID\x10\x03\x32\xc4\x05\n\tRetrieval\x12m\n\x10\x43reateCollection\x12+.agent.retrieval.v1.CreateCollectionRequest\x1a,.agent.retrieval.v1.CreateCollectionResponse\x12i\n\rGetCollection\x12(.agent.retrieval.v1.GetCollectionRequest\x1a).agent.retrieval.v1.GetCollectionResponse\"\x03\x90\x02\x01\x12r\n\x10\x44\x65leteCollection\x12+.agent.retrieval.v1.DeleteCollectionRequest\x1a,.agent.retrieval.v1.DeleteCollectionResponse\"\x03\x90\x02\x02\x12T\n\x06Upsert\x12!.agent.retrieval.v1.UpsertRequest\x1a\".agent.retrieval.v1.UpsertResponse\"\x03\x90\x02\x02\x12T\n\x06\x44\x65lete\x12!.agent.retrieval.v1.DeleteRequest\x1a\".agent.retrieval.v1.DeleteResponse\"\x03\x90\x02\x02\x12T\n\x06Search\x12!.agent.retrieval.v1.SearchRequest\x1a\".agent.retrieval.v1.SearchResponse\"\x03\x90\x02\x01\x12g\n\x0eTuneCollection\x12).agent.retrieval.v1.TuneCollectionRequest\x1a*.agent.retrieval.v1.TuneCollectionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"agent/retrieval/v1/retrieval.proto\x12\x12\x61gent.retrieval.v1\x1a\x1cgoogle/protobuf/struct.proto\"-\n\nHnswParams\x12\t\n\x01m\x18\x01 \x01(\r\x12\x14\n\x0c\x65\x66_construct\x18\x02 \x01(\r\"\xfa\x01\n\nCollection\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bvector_size\x18\x02 \x01(\r\x12.\n\x08\x64istance\x18\x03 \x01(\x0e\x32\x1c.agent.retrieval.v1.Distance\x12,\n\x04hnsw\x18\x04 \x01(\x0b\x32\x1e.agent.retrieval.v1.HnswParams\x12\x10\n\x08tuned_ef\x18\x05 \x01(\r\x12\x14\n\x0ctuned_recall\x18\x06 \x01(\x01\x12\x13\n\x0bpoint_count\x18\x07 \x01(\x04\x12\x1e\n\x16\x64\x65\x66\x61ult_payload_fields\x18\x08 \x03(\t\x12\x0e\n\x06tenant\x18\t \x01(\t\"M\n\x17\x43reateCollectionRequest\x12\x32\n\ncollection\x18\x01 \x01(\x0b\x32\x1e.agent.retrieval.v1.Collection\"N\n\x18\x43reateCollectionResponse\x12\x32\n\ncollection\x18\x01 \x01(\x0b\x32\x1e.agent.retrieval.v1.Collection\"$\n\x14GetCollectionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"K\n\x15GetCollectionResponse\x12\x32\n\ncollection\x18\x01 \x01(\x0b\x32\x1e.agent.retrieval.v1.Collection\"\'\n\x17\x44\x65leteCollectionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"+\n\x18\x44\x65leteCollectionResponse\x12\x0f\n\x07\x65xisted\x18\x01 \x01(\x08\"z\n\x08\x44ocument\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12(\n\x07payload\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12*\n\x06vector\x18\x04 \x01(\x0b\x32\x1a.agent.retrieval.v1.Vector\"T\n\rUpsertRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12/\n\tdocuments\x18\x02 \x03(\x0b\x32\x1c.agent.retrieval.v1.Document\"\"\n\x0eUpsertResponse\x12\x10\n\x08upserted\x18\x01 \x01(\r\"0\n\rDeleteRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\t\"\x10\n\x0e\x44\x65leteResponse\"\x18\n\x06Vector\x12\x0e\n\x06values\x18\x01 \x03(\x02\"k\n\x05Range\x12\x0f\n\x02gt\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x10\n\x03gte\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x0f\n\x02lt\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x10\n\x03lte\x18\x04 \x01(\x01H\x03\x88\x01\x01\x42\x05\n\x03_gtB\x06\n\x04_gteB\x05\n\x03_ltB\x06\n\x04_lte\"\x8b\x01\n\x0e\x46ieldCondition\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x11\n\x07keyword\x18\x02 \x01(\tH\x00\x12\x11\n\x07integer\x18\x03 \x01(\x03H\x00\x12\x11\n\x07\x62oolean\x18\x04 \x01(\x08H\x00\x12*\n\x05range\x18\x05 \x01(\x0b\x32\x19.agent.retrieval.v1.RangeH\x00\x42\x07\n\x05match\"p\n\x06\x46ilter\x12\x30\n\x04must\x18\x01 \x03(\x0b\x32\".agent.retrieval.v1.FieldCondition\x12\x34\n\x08must_not\x18\x02 \x03(\x0b\x32\".agent.retrieval.v1.FieldCondition\"\xa0\x02\n\rSearchRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12,\n\x06vector\x18\x03 \x01(\x0b\x32\x1a.agent.retrieval.v1.VectorH\x00\x12\r\n\x05top_k\x18\x04 \x01(\r\x12*\n\x06\x66ilter\x18\x05 \x01(\x0b\x32\x1a.agent.retrieval.v1.Filter\x12\x16\n\x0epayload_fields\x18\x06 \x03(\t\x12\x1c\n\x0fscore_threshold\x18\x07 \x01(\x02H\x01\x88\x01\x01\x12\x14\n\x07hnsw_ef\x18\x08 \x01(\rH\x02\x88\x01\x01\x12\r\n\x05\x65xact\x18\t \x01(\x08\x42\x07\n\x05queryB\x12\n\x10_score_thresholdB\n\n\x08_hnsw_ef\"U\n\x0eScoredDocument\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\x12(\n\x07payload\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"i\n\x0eSearchResponse\x12\x33\n\x07results\x18\x01 \x03(\x0b\x32\".agent.retrieval.v1.ScoredDocument\x12\x11\n\ttruncated\x18\x02 \x01(\x08\x12\x0f\n\x07hnsw_ef\x18\x03 \x01(\r\"\x83\x01\n\x15TuneCollectionRequest\x12\x12\n\ncollection\x18\x01 \x01(\t\x12\x15\n\rtarget_recall\x18\x02 \x01(\x01\x12\t\n\x01k\x18\x03 \x01(\r\x12\x13\n\x0bsample_size\x18\x04 \x01(\r\x12\x0f\n\x07queries\x18\x05 \x03(\t\x12\x0e\n\x06max_ef\x18\x06 \x01(\r\"K\n\rEfMeasurement\x12\n\n\x02\x65\x66\x18\x01 \x01(\r\x12\x0e\n\x06recall\x18\x02 \x01(\x01\x12\x0e\n\x06p50_ms\x18\x03 \x01(\x01\x12\x0e\n\x06p95_ms\x18\x04 \x01(\x01\"\x88\x01\n\x16TuneCollectionResponse\x12\x11\n\tchosen_ef\x18\x01 \x01(\r\x12\x0e\n\x06recall\x18\x02 \x01(\x01\x12\x12\n\ntarget_met\x18\x03 \x01(\x08\x12\x37\n\x0cmeasurements\x18\x04 \x03(\x0b\x32!.agent.retrieval.v1.EfMeasurement*`\n\x08\x44istance\x12\x18\n\x14\x44ISTANCE_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x44ISTANCE_COSINE\x10\x01\x12\x10\n\x0c\x44ISTANCE_DOT\x10\x02\x12\x13\n\x0f\x44ISTANCE_EUCLID\x10\x03\x32\xc4\x05\n\tRetrieval\x12m\n\x10\x43reateCollection\x12+.agent.retrieval.v1.CreateCollectionRequest\x1a,.agent.retrieval.v1.CreateCollectionResponse\x12i\n\rGetCollection\x12(.agent.retrieval.v1.GetCollectionRequest\x1a).agent.retrieval.v1.GetCollectionResponse\"\x03\x90\x02\x01\x12r\n\x10\x44\x65leteCollection\x12+.agent.retrieval.v1.DeleteCollectionRequest\x1a,.agent.retrieval.v1.DeleteCollectionResponse\"\x03\x90\x02\x02\x12T\n\x06Upsert\x12!.agent.retrieval.v1.UpsertRequest\x1a\".agent.retrieval.v1.UpsertResponse\"\x03\x90\x02\x02\x12T\n\x06\x44\x65lete\x12!.agent.retrieval.v1.DeleteRequest\x1a\".agent.retrieval.v1.DeleteResponse\"\x03\x90\x02\x02\x12T\n\x06Search\x12!.agent.retrieval.v1.SearchRequest\x1a\".agent.retrieval.v1.SearchResponse\"\x03\x90\x02\x01\x12g\n\x0eTuneCollection\x12).agent.retrieval.v1.TuneCollectionRequest\x1a*.agent.retrieval.v1.TuneCollectionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,8 +42,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RETRIEVAL'].methods_by_name['Delete']._serialized_options = b'\220\002\002'
   _globals['_RETRIEVAL'].methods_by_name['Search']._loaded_options = None
   _globals['_RETRIEVAL'].methods_by_name['Search']._serialized_options = b'\220\002\001'
-  _globals['_DISTANCE']._serialized_start=2244
-  _globals['_DISTANCE']._serialized_end=2340
+  _globals['_DISTANCE']._serialized_start=2288
+  _globals['_DISTANCE']._serialized_end=2384
   _globals['_HNSWPARAMS']._serialized_start=88
   _globals['_HNSWPARAMS']._serialized_end=133
   _globals['_COLLECTION']._serialized_start=136
@@ -61,35 +61,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DELETECOLLECTIONRESPONSE']._serialized_start=703
   _globals['_DELETECOLLECTIONRESPONSE']._serialized_end=746
   _globals['_DOCUMENT']._serialized_start=748
-  _globals['_DOCUMENT']._serialized_end=826
-  _globals['_UPSERTREQUEST']._serialized_start=828
-  _globals['_UPSERTREQUEST']._serialized_end=912
-  _globals['_UPSERTRESPONSE']._serialized_start=914
-  _globals['_UPSERTRESPONSE']._serialized_end=948
-  _globals['_DELETEREQUEST']._serialized_start=950
-  _globals['_DELETEREQUEST']._serialized_end=998
-  _globals['_DELETERESPONSE']._serialized_start=1000
-  _globals['_DELETERESPONSE']._serialized_end=1016
-  _globals['_VECTOR']._serialized_start=1018
-  _globals['_VECTOR']._serialized_end=1042
-  _globals['_RANGE']._serialized_start=1044
-  _globals['_RANGE']._serialized_end=1151
-  _globals['_FIELDCONDITION']._serialized_start=1154
-  _globals['_FIELDCONDITION']._serialized_end=1293
-  _globals['_FILTER']._serialized_start=1295
-  _globals['_FILTER']._serialized_end=1407
-  _globals['_SEARCHREQUEST']._serialized_start=1410
-  _globals['_SEARCHREQUEST']._serialized_end=1698
-  _globals['_SCOREDDOCUMENT']._serialized_start=1700
-  _globals['_SCOREDDOCUMENT']._serialized_end=1785
-  _globals['_SEARCHRESPONSE']._serialized_start=1787
-  _globals['_SEARCHRESPONSE']._serialized_end=1892
-  _globals['_TUNECOLLECTIONREQUEST']._serialized_start=1895
-  _globals['_TUNECOLLECTIONREQUEST']._serialized_end=2026
-  _globals['_EFMEASUREMENT']._serialized_start=2028
-  _globals['_EFMEASUREMENT']._serialized_end=2103
-  _globals['_TUNECOLLECTIONRESPONSE']._serialized_start=2106
-  _globals['_TUNECOLLECTIONRESPONSE']._serialized_end=2242
-  _globals['_RETRIEVAL']._serialized_start=2343
-  _globals['_RETRIEVAL']._serialized_end=3051
+  _globals['_DOCUMENT']._serialized_end=870
+  _globals['_UPSERTREQUEST']._serialized_start=872
+  _globals['_UPSERTREQUEST']._serialized_end=956
+  _globals['_UPSERTRESPONSE']._serialized_start=958
+  _globals['_UPSERTRESPONSE']._serialized_end=992
+  _globals['_DELETEREQUEST']._serialized_start=994
+  _globals['_DELETEREQUEST']._serialized_end=1042
+  _globals['_DELETERESPONSE']._serialized_start=1044
+  _globals['_DELETERESPONSE']._serialized_end=1060
+  _globals['_VECTOR']._serialized_start=1062
+  _globals['_VECTOR']._serialized_end=1086
+  _globals['_RANGE']._serialized_start=1088
+  _globals['_RANGE']._serialized_end=1195
+  _globals['_FIELDCONDITION']._serialized_start=1198
+  _globals['_FIELDCONDITION']._serialized_end=1337
+  _globals['_FILTER']._serialized_start=1339
+  _globals['_FILTER']._serialized_end=1451
+  _globals['_SEARCHREQUEST']._serialized_start=1454
+  _globals['_SEARCHREQUEST']._serialized_end=1742
+  _globals['_SCOREDDOCUMENT']._serialized_start=1744
+  _globals['_SCOREDDOCUMENT']._serialized_end=1829
+  _globals['_SEARCHRESPONSE']._serialized_start=1831
+  _globals['_SEARCHRESPONSE']._serialized_end=1936
+  _globals['_TUNECOLLECTIONREQUEST']._serialized_start=1939
+  _globals['_TUNECOLLECTIONREQUEST']._serialized_end=2070
+  _globals['_EFMEASUREMENT']._serialized_start=2072
+  _globals['_EFMEASUREMENT']._serialized_end=2147
+  _globals['_TUNECOLLECTIONRESPONSE']._serialized_start=2150
+  _globals['_TUNECOLLECTIONRESPONSE']._serialized_end=2286
+  _globals['_RETRIEVAL']._serialized_start=2387
+  _globals['_RETRIEVAL']._serialized_end=3095
 # @@protoc_insertion_point(module_scope)

@@ -86,14 +86,16 @@ class DeleteCollectionResponse(_message.Message):
     def __init__(self, existed: _Optional[bool] = ...) -> None: ...
 
 class Document(_message.Message):
-    __slots__ = ("id", "text", "payload")
+    __slots__ = ("id", "text", "payload", "vector")
     ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    VECTOR_FIELD_NUMBER: _ClassVar[int]
     id: str
     text: str
     payload: _struct_pb2.Struct
-    def __init__(self, id: _Optional[str] = ..., text: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    vector: Vector
+    def __init__(self, id: _Optional[str] = ..., text: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., vector: _Optional[_Union[Vector, _Mapping]] = ...) -> None: ...
 
 class UpsertRequest(_message.Message):
     __slots__ = ("collection", "documents")

