@@ -112,6 +112,12 @@ class ChannelSpec:
             # Ignore service configs from DNS TXT records: ours is the policy.
             ("grpc.service_config_disable_resolution", 1),
             ("grpc.primary_user_agent", self.user_agent),
+            # Redial a lost backend within about a second, not up to two
+            # minutes (gRPC's default backoff): a restarted backend must be
+            # back in use without restarting its callers.
+            ("grpc.initial_reconnect_backoff_ms", 250),
+            ("grpc.min_reconnect_backoff_ms", 250),
+            ("grpc.max_reconnect_backoff_ms", 1000),
             *self.keepalive.client_options(),
         ]
         if self.tls is not None and self.tls.server_name:

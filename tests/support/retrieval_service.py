@@ -17,11 +17,11 @@ from tests.support.grpc_client import mtls_channel
 
 
 @asynccontextmanager
-async def retrieval_server(home: Path, tls_dir: Path, **overrides):
+async def retrieval_server(home: Path, tls_dir: Path, *, interceptors=(), **overrides):
     """Yields (RunningService, RetrievalApp)."""
     settings = RetrievalSettings(home=home, tls_dir=tls_dir, port=0, grace_s=1.0, **overrides)
     app = RetrievalApp(settings)
-    async with running_service(app, settings) as running:
+    async with running_service(app, settings, interceptors=interceptors) as running:
         yield running, app
 
 

@@ -236,3 +236,49 @@ class IngestDocumentsResponse(_message.Message):
     ingested: int
     created_collection: bool
     def __init__(self, ingested: _Optional[int] = ..., created_collection: _Optional[bool] = ...) -> None: ...
+
+class GetStatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ChannelStats(_message.Message):
+    __slots__ = ("index", "state", "calls", "in_flight", "connection_attempts", "connections_ready")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    CONNECTION_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    CONNECTIONS_READY_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    state: str
+    calls: int
+    in_flight: int
+    connection_attempts: int
+    connections_ready: int
+    def __init__(self, index: _Optional[int] = ..., state: _Optional[str] = ..., calls: _Optional[int] = ..., in_flight: _Optional[int] = ..., connection_attempts: _Optional[int] = ..., connections_ready: _Optional[int] = ...) -> None: ...
+
+class BackendStats(_message.Message):
+    __slots__ = ("name", "target", "serving", "channels")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    SERVING_FIELD_NUMBER: _ClassVar[int]
+    CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    target: str
+    serving: bool
+    channels: _containers.RepeatedCompositeFieldContainer[ChannelStats]
+    def __init__(self, name: _Optional[str] = ..., target: _Optional[str] = ..., serving: _Optional[bool] = ..., channels: _Optional[_Iterable[_Union[ChannelStats, _Mapping]]] = ...) -> None: ...
+
+class GetStatsResponse(_message.Message):
+    __slots__ = ("backends", "in_flight", "admitted", "rejected", "worker_pid")
+    BACKENDS_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
+    WORKER_PID_FIELD_NUMBER: _ClassVar[int]
+    backends: _containers.RepeatedCompositeFieldContainer[BackendStats]
+    in_flight: int
+    admitted: int
+    rejected: int
+    worker_pid: int
+    def __init__(self, backends: _Optional[_Iterable[_Union[BackendStats, _Mapping]]] = ..., in_flight: _Optional[int] = ..., admitted: _Optional[int] = ..., rejected: _Optional[int] = ..., worker_pid: _Optional[int] = ...) -> None: ...

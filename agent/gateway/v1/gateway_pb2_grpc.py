@@ -75,6 +75,11 @@ class AgentGatewayStub:
                 request_serializer=agent_dot_gateway_dot_v1_dot_gateway__pb2.IngestDocumentsRequest.SerializeToString,
                 response_deserializer=agent_dot_gateway_dot_v1_dot_gateway__pb2.IngestDocumentsResponse.FromString,
                 _registered_method=True)
+        self.GetStats = channel.unary_unary(
+                '/agent.gateway.v1.AgentGateway/GetStats',
+                request_serializer=agent_dot_gateway_dot_v1_dot_gateway__pb2.GetStatsRequest.SerializeToString,
+                response_deserializer=agent_dot_gateway_dot_v1_dot_gateway__pb2.GetStatsResponse.FromString,
+                _registered_method=True)
 
 
 class AgentGatewayServicer:
@@ -140,6 +145,13 @@ class AgentGatewayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetStats(self, request, context):
+        """GetStats reports this gateway process's channels and admission counters.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentGatewayServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -182,6 +194,11 @@ def add_AgentGatewayServicer_to_server(servicer, server):
                     servicer.IngestDocuments,
                     request_deserializer=agent_dot_gateway_dot_v1_dot_gateway__pb2.IngestDocumentsRequest.FromString,
                     response_serializer=agent_dot_gateway_dot_v1_dot_gateway__pb2.IngestDocumentsResponse.SerializeToString,
+            ),
+            'GetStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStats,
+                    request_deserializer=agent_dot_gateway_dot_v1_dot_gateway__pb2.GetStatsRequest.FromString,
+                    response_serializer=agent_dot_gateway_dot_v1_dot_gateway__pb2.GetStatsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -401,6 +418,33 @@ class AgentGateway:
             '/agent.gateway.v1.AgentGateway/IngestDocuments',
             agent_dot_gateway_dot_v1_dot_gateway__pb2.IngestDocumentsRequest.SerializeToString,
             agent_dot_gateway_dot_v1_dot_gateway__pb2.IngestDocumentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agent.gateway.v1.AgentGateway/GetStats',
+            agent_dot_gateway_dot_v1_dot_gateway__pb2.GetStatsRequest.SerializeToString,
+            agent_dot_gateway_dot_v1_dot_gateway__pb2.GetStatsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,148 @@
+"""Calls to the retrieval and inference services, with deadlines and error mapping.
+
+Every backend call carries the caller's remaining deadline less a margin (or
+the configured default), runs on a pooled channel, and turns a backend's
+failure into our own error with its status kept: a backend's UNAVAILABLE
+reaches the client as UNAVAILABLE, never UNKNOWN.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import grpc
+
+from agent.inference.v1 import inference_pb2, inference_pb2_grpc
+from agent.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
+from servicekit.channels import ChannelSpec
+from servicekit.errors import DeadlineExceeded, from_rpc_error
+from servicekit.pki import GATEWAY_IDENTITY
+from servicekit.tls import ClientTls
+
+from gateway.admission import Admission
+from gateway.pool import ChannelPool
+from gateway.settings import GatewaySettings
+
+log = logging.getLogger(__name__)
+
+INFERENCE_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["Inference"]
+RETRIEVAL_SERVICE = retrieval_pb2.DESCRIPTOR.services_by_name["Retrieval"]
+
+
+class Deadlines:
+    """How long a backend call may take, from what the caller has left."""
+
+    def __init__(self, default_s: float, margin_ms: float) -> None:
+        self.default_s = default_s
+        self.margin_s = margin_ms / 1000
+
+    def for_call(self, context) -> float:
+        remaining = context.time_remaining() if context is not None else None
+        if remaining is None:
+            return self.default_s
+        timeout = remaining - self.margin_s
+        if timeout <= 0:
+            raise DeadlineExceeded("the caller's deadline leaves no time for the backend call")
+        return timeout
+
+
+class Backends:
+    """The two backend pools and typed calls on them."""
+
+    def __init__(self, inference: ChannelPool, retrieval: ChannelPool, deadlines: Deadlines) -> None:
+        self.inference = inference
+        self.retrieval = retrieval
+        self.deadlines = deadlines
+
+    @property
+    def pools(self) -> tuple[ChannelPool, ...]:
+        return (self.inference, self.retrieval)
+
+    async def _unary(self, pool: ChannelPool, stub_class, method: str, request, context):
+        timeout = self.deadlines.for_call(context)
+        with pool.use() as pooled:
+            try:
+                return await getattr(pooled.stub(stub_class), method)(request, timeout=timeout)
+            except grpc.aio.AioRpcError as exc:
+                raise from_rpc_error(exc, backend=pool.describe()) from None
+
+    async def search(self, request: retrieval_pb2.SearchRequest, context) -> retrieval_pb2.SearchResponse:
+        return await self._unary(self.retrieval, retrieval_pb2_grpc.RetrievalStub, "Search", request, context)
+
+    async def get_collection(self, name: str, context) -> retrieval_pb2.GetCollectionResponse:
+        return await self._unary(self.retrieval, retrieval_pb2_grpc.RetrievalStub, "GetCollection",
+                                 retrieval_pb2.GetCollectionRequest(name=name), context)
+
+    async def create_collection(self, collection: retrieval_pb2.Collection, context):
+        return await self._unary(self.retrieval, retrieval_pb2_grpc.RetrievalStub, "CreateCollection",
+                                 retrieval_pb2.CreateCollectionRequest(collection=collection), context)
+
+    async def upsert(self, request: retrieval_pb2.UpsertRequest, context) -> retrieval_pb2.UpsertResponse:
+        return await self._unary(self.retrieval, retrieval_pb2_grpc.RetrievalStub, "Upsert", request, context)
+
+    async def get_load(self, context=None) -> inference_pb2.GetLoadResponse:
+        return await self._unary(self.inference, inference_pb2_grpc.InferenceStub, "GetLoad",
+                                 inference_pb2.GetLoadRequest(), context)
+
+    async def generate(self, request: inference_pb2.GenerateRequest, context) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        """Stream a generation. Closing the iterator (or a cancelled caller) cancels the backend call at once."""
+        timeout = self.deadlines.for_call(context)
+        with self.inference.use() as pooled:
+            call = pooled.stub(inference_pb2_grpc.InferenceStub).Generate(request, timeout=timeout)
+            try:
+                async for message in call:
+                    yield message
+            except grpc.aio.AioRpcError as exc:
+                raise from_rpc_error(exc, backend=self.inference.describe()) from None
+            finally:
+                call.cancel()  # no-op once finished; on a cancelled caller, frees the engine now
+
+
+def _spec(settings: GatewaySettings, target: str, service, tls: ClientTls | None) -> ChannelSpec:
+    return ChannelSpec(
+        target=target, tls=tls, services=[service], keepalive=settings.keepalive,
+        max_message_bytes=settings.max_message_bytes, user_agent="agent-gateway/gateway",
+    )
+
+
+async def _watch_inference_load(backends: Backends, admission: Admission, bound: int, every_s: float) -> None:
+    """Admission's optional look at the inference queue."""
+    while True:
+        try:
+            load = await backends.get_load()
+            admission.backend_saturated = (
+                f"inference queue holds {load.waiting_requests} requests "
+                f"(AGW_GATEWAY_MAX_INFERENCE_WAITING={bound}); retry shortly"
+                if load.waiting_requests >= bound else None
+            )
+        except Exception as exc:  # noqa: BLE001 - a failed poll must not stop polling
+            log.debug("GetLoad poll failed: %s", exc)
+            admission.backend_saturated = None
+        await asyncio.sleep(every_s)
+
+
+@asynccontextmanager
+async def open_backends(settings: GatewaySettings, admission: Admission) -> AsyncIterator[Backends]:
+    """Open and warm both pools (and the load watcher, if configured); close them in reverse."""
+    tls = ClientTls.from_dir(settings.tls_dir, GATEWAY_IDENTITY, server_name=settings.backend_server_name)
+    async with AsyncExitStack() as stack:
+        pools = []
+        for name, target, service in (
+            ("inference", settings.inference_target, INFERENCE_SERVICE),
+            ("retrieval", settings.retrieval_target, RETRIEVAL_SERVICE),
+        ):
+            pool = ChannelPool(name, _spec(settings, target, service, tls), settings.channels_per_backend,
+                               health_service=service.full_name)
+            await pool.start(connect_timeout_s=settings.connect_timeout_s, wait=settings.on_backend_down == "wait")
+            stack.push_async_callback(pool.close)
+            pools.append(pool)
+            log.info("%s: %d channels, READY", pool.describe(), settings.channels_per_backend)
+        backends = Backends(*pools, deadlines=Deadlines(settings.default_deadline_s, settings.deadline_margin_ms))
+        if settings.max_inference_waiting:
+            watcher = asyncio.create_task(_watch_inference_load(
+                backends, admission, settings.max_inference_waiting, settings.load_poll_s))
+            stack.callback(watcher.cancel)
+        yield backends

@@ -1,0 +1,59 @@
+"""Entry point: ``agentgw serve gateway [--workers N]`` or ``python -m gateway.main``.
+
+Python serves one core per process, so the gateway runs N worker processes on
+one port (SO_REUSEPORT; the kernel spreads connections), each with its own
+event loop, pools and admission. With N = 1 the process serves by itself;
+otherwise it supervises N children, forwards SIGTERM/SIGINT to them for a
+graceful drain, and exits when they have.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+
+from servicekit.server import configure_logging, main_for
+from servicekit.settings import SettingsError, load_settings
+
+from gateway.service import GatewayApp
+from gateway.settings import GatewaySettings
+
+log = logging.getLogger("gateway.main")
+
+
+def _supervise(workers: int) -> int:
+    env = {**os.environ, "AGW_GATEWAY_WORKERS": "1"}
+    children = [subprocess.Popen([sys.executable, "-m", "gateway.main"], env=env) for _ in range(workers)]
+    log.info("gateway: %d workers on one port: %s", workers, [c.pid for c in children])
+
+    def forward(signum, _frame):
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    codes = [child.wait() for child in children]
+    return max(codes, key=abs)
+
+
+def main() -> int:
+    try:
+        settings = load_settings(GatewaySettings)
+    except SettingsError as exc:
+        print(f"gateway: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level)
+    if settings.workers > 1:
+        if settings.port == 0:
+            print("gateway: AGW_GATEWAY_WORKERS > 1 needs a fixed AGW_GATEWAY_PORT", file=sys.stderr)
+            return 2
+        return _supervise(settings.workers)
+    return main_for(GatewaySettings, GatewayApp)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""Pools of long-lived mTLS channels to one backend.
+
+Each backend gets M channels, each with its own HTTP/2 connection
+(``grpc.use_local_subchannel_pool``), opened and warmed at start-up, kept alive
+by keepalive pings, and reused by every call: a TLS handshake is paid M times
+per process lifetime, not once per call. A call takes the channel with the
+fewest calls in flight. Within a channel, gRPC's ``round_robin`` spreads calls
+over every address the target resolves to (several vLLM replicas behind one
+DNS name), so balancing across replicas is gRPC's, not ours.
+
+The pool watches each channel's connectivity (connection attempts, and READY
+transitions, which for a secure channel are completed TLS handshakes) and the
+backend's health through ``grpc.health.v1`` Watch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from servicekit.channels import ChannelNotReady, ChannelSpec, open_channel, wait_ready
+from servicekit.errors import Unavailable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ChannelStats:
+    calls: int = 0
+    in_flight: int = 0
+    connection_attempts: int = 0
+    connections_ready: int = 0
+
+
+@dataclass
+class PooledChannel:
+    index: int
+    channel: grpc.aio.Channel
+    stats: ChannelStats = field(default_factory=ChannelStats)
+    _stubs: dict = field(default_factory=dict)
+
+    def stub(self, stub_class):
+        """A stub on this channel, built once."""
+        stub = self._stubs.get(stub_class)
+        if stub is None:
+            stub = self._stubs[stub_class] = stub_class(self.channel)
+        return stub
+
+    @property
+    def state(self) -> grpc.ChannelConnectivity:
+        return self.channel.get_state(try_to_connect=False)
+
+
+class ChannelPool:
+    """M channels to one backend, health-watched. Use ``async with`` or start()/close()."""
+
+    def __init__(self, name: str, spec: ChannelSpec, size: int, health_service: str = "") -> None:
+        self.name = name
+        self.spec = spec
+        self.health_service = health_service
+        self.channels = [PooledChannel(i, open_channel(spec)) for i in range(size)]
+        self.serving = False
+        self._tasks: list[asyncio.Task] = []
+
+    @property
+    def target(self) -> str:
+        return self.spec.target
+
+    def describe(self) -> str:
+        return f"{self.name} backend at {self.target}"
+
+    async def start(self, *, connect_timeout_s: float, wait: bool) -> None:
+        """Connect every channel and start the watchers.
+
+        With ``wait`` false a backend that does not answer in time raises
+        :class:`ChannelNotReady` naming it; with ``wait`` true the pool starts
+        anyway and gRPC keeps reconnecting in the background.
+        """
+        for pooled in self.channels:
+            self._tasks.append(asyncio.create_task(self._watch_state(pooled), name=f"{self.name}-state-{pooled.index}"))
+        try:
+            await asyncio.gather(*(
+                wait_ready(p.channel, timeout_s=connect_timeout_s, target=self.describe()) for p in self.channels
+            ))
+        except ChannelNotReady:
+            if not wait:
+                await self.close()
+                raise
+            log.warning("%s not ready; starting NOT_SERVING and retrying in the background", self.describe())
+        self._tasks.append(asyncio.create_task(self._watch_health(), name=f"{self.name}-health"))
+
+    async def _watch_state(self, pooled: PooledChannel) -> None:
+        state = pooled.state
+        if state == grpc.ChannelConnectivity.CONNECTING:
+            pooled.stats.connection_attempts += 1
+        while True:
+            await pooled.channel.wait_for_state_change(state)
+            state = pooled.state
+            if state == grpc.ChannelConnectivity.CONNECTING:
+                pooled.stats.connection_attempts += 1
+            elif state == grpc.ChannelConnectivity.READY:
+                pooled.stats.connections_ready += 1
+
+    async def _watch_health(self) -> None:
+        """Follow the backend's health; reconnect the watch when the stream breaks."""
+        stub = health_pb2_grpc.HealthStub(self.channels[0].channel)
+        request = health_pb2.HealthCheckRequest(service=self.health_service)
+        while True:
+            try:
+                async for update in stub.Watch(request):
+                    serving = update.status == health_pb2.HealthCheckResponse.SERVING
+                    if serving != self.serving:
+                        log.info("%s is %s", self.describe(), "SERVING" if serving else "NOT SERVING")
+                    self.serving = serving
+            except grpc.aio.AioRpcError as exc:
+                if self.serving:
+                    log.warning("%s health watch lost: %s", self.describe(), exc.code().name)
+                self.serving = False
+            await asyncio.sleep(0.5)
+
+    def pick(self) -> PooledChannel:
+        """The channel with the fewest calls in flight (the first on a tie)."""
+        return min(self.channels, key=lambda p: p.stats.in_flight)
+
+    @contextmanager
+    def use(self):
+        """A channel for one call, counted while the call runs."""
+        if not self.serving and all(p.state != grpc.ChannelConnectivity.READY for p in self.channels):
+            raise Unavailable(f"{self.describe()} is not serving; retry shortly")
+        pooled = self.pick()
+        pooled.stats.calls += 1
+        pooled.stats.in_flight += 1
+        try:
+            yield pooled
+        finally:
+            pooled.stats.in_flight -= 1
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        await asyncio.gather(*(p.channel.close() for p in self.channels), return_exceptions=True)

@@ -1,0 +1,150 @@
+"""The ``agent.gateway.v1.AgentGateway`` servicer (transport core) and the gateway app.
+
+Passthroughs only convert, scope to the caller's tenant, and delegate; the
+session RPCs and Chat arrive with the agent-turn work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import grpc
+
+from agent.gateway.v1 import gateway_pb2 as pb
+from agent.gateway.v1 import gateway_pb2_grpc
+from agent.retrieval.v1 import retrieval_pb2
+from servicekit.errors import InvalidArgument, NotFound, ServiceError
+from servicekit.server import Health
+
+from gateway.admission import Admission
+from gateway.backends import Backends, open_backends
+from gateway.settings import GatewaySettings
+from gateway.tenancy import physical_collection, tenant_of
+
+log = logging.getLogger(__name__)
+
+GATEWAY_SERVICE = pb.DESCRIPTOR.services_by_name["AgentGateway"]
+
+
+class NotYet(ServiceError):
+    code = grpc.StatusCode.UNIMPLEMENTED
+
+
+class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
+    def __init__(self, settings: GatewaySettings, admission: Admission) -> None:
+        self.settings = settings
+        self.admission = admission
+        self.backends: Backends | None = None
+
+    def _tenant(self, context) -> str:
+        return tenant_of(context, insecure_dev=self.settings.insecure_dev)
+
+    async def Generate(self, request, context):
+        self._tenant(context)
+        with self.admission.admit():
+            async for message in self.backends.generate(request.request, context):
+                yield pb.GenerateResponse(response=message)
+
+    async def Retrieve(self, request, context):
+        tenant = self._tenant(context)
+        search = retrieval_pb2.SearchRequest()
+        search.CopyFrom(request.request)
+        # The tenant decides the collection; nothing in the request can name another tenant's.
+        search.collection = physical_collection(tenant, request.request.collection, "request.collection")
+        try:
+            response = await self.backends.search(search, context)
+        except ServiceError as exc:
+            if exc.code == grpc.StatusCode.NOT_FOUND:
+                raise NotFound(f"collection {request.request.collection!r} does not exist") from None
+            raise
+        return pb.RetrieveResponse(response=response)
+
+    async def IngestDocuments(self, request, context):
+        tenant = self._tenant(context)
+        name = physical_collection(tenant, request.collection)
+        if not request.documents:
+            raise InvalidArgument("documents", "is empty; send at least one document")
+        created = False
+        try:
+            await self.backends.get_collection(name, context)
+        except ServiceError as exc:
+            if exc.code != grpc.StatusCode.NOT_FOUND:
+                raise
+            collection = retrieval_pb2.Collection(
+                name=name, tenant=tenant, default_payload_fields=list(request.default_payload_fields) or ["text"])
+            try:
+                await self.backends.create_collection(collection, context)
+                created = True
+            except ServiceError as race:
+                if race.code != grpc.StatusCode.ALREADY_EXISTS:  # another ingest created it first
+                    raise
+        response = await self.backends.upsert(
+            retrieval_pb2.UpsertRequest(collection=name, documents=request.documents), context)
+        return pb.IngestDocumentsResponse(ingested=response.upserted, created_collection=created)
+
+    async def GetStats(self, request, context):
+        self._tenant(context)
+        backends = [
+            pb.BackendStats(
+                name=pool.name, target=pool.target, serving=pool.serving,
+                channels=[
+                    pb.ChannelStats(
+                        index=p.index, state=p.state.name, calls=p.stats.calls, in_flight=p.stats.in_flight,
+                        connection_attempts=p.stats.connection_attempts, connections_ready=p.stats.connections_ready,
+                    )
+                    for p in pool.channels
+                ],
+            )
+            for pool in self.backends.pools
+        ]
+        return pb.GetStatsResponse(
+            backends=backends, in_flight=self.admission.in_flight, admitted=self.admission.admitted,
+            rejected=self.admission.rejected, worker_pid=os.getpid(),
+        )
+
+    async def Chat(self, request, context):
+        raise NotYet("Chat is not implemented yet (agent turns come with issue 6)")
+        yield  # pragma: no cover - makes this a streaming handler
+
+    async def CreateSession(self, request, context):
+        raise NotYet("sessions are not implemented yet (they come with issue 6)")
+
+    GetSession = ListMessages = DeleteSession = CreateSession
+
+
+class GatewayApp:
+    """The gateway, as the servicekit bootstrap runs it."""
+
+    name = "gateway"
+    services = (GATEWAY_SERVICE,)
+
+    def __init__(self, settings: GatewaySettings) -> None:
+        self.settings = settings
+        self.insecure = settings.insecure_dev
+        if self.insecure:
+            log.warning("!" * 72)
+            log.warning("AGW_INSECURE_DEV=1: the gateway serves PLAINTEXT with NO client authentication.")
+            log.warning("Every caller is tenant 'dev'. Never use this outside a development machine.")
+            log.warning("!" * 72)
+        self.admission = Admission(settings.max_in_flight)
+        self.servicer = GatewayServicer(settings, self.admission)
+
+    def register(self, server) -> None:
+        gateway_pb2_grpc.add_AgentGatewayServicer_to_server(self.servicer, server)
+
+    @asynccontextmanager
+    async def lifespan(self, health: Health):
+        async with AsyncExitStack() as stack:
+            backends = await stack.enter_async_context(open_backends(self.settings, self.admission))
+            # With AGW_GATEWAY_ON_BACKEND_DOWN=wait the gateway stays NOT_SERVING
+            # (calls get UNAVAILABLE) until every backend reports SERVING.
+            while not all(pool.serving for pool in backends.pools):
+                await asyncio.sleep(0.1)
+            self.servicer.backends = backends
+            try:
+                yield
+            finally:
+                self.servicer.backends = None

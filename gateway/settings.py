@@ -1,0 +1,40 @@
+"""Settings of the gateway (``AGW_GATEWAY_*``, plus ``AGW_INSECURE_DEV``)."""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from pydantic import Field
+
+from servicekit.settings import Port, ServiceSettings, deployment_field, prefixed_config
+
+
+class GatewaySettings(ServiceSettings):
+    """The public port, the backends, pools, deadlines and admission."""
+
+    model_config = prefixed_config("gateway")
+
+    port: Port = 50051
+    reuse_port: bool = Field(True, description="SO_REUSEPORT, so several worker processes share the port.")
+    workers: int = Field(default_factory=lambda: os.cpu_count() or 1, gt=0, description="Processes on the port.")
+    insecure_dev: bool = deployment_field(
+        False, "insecure_dev", description="Serve plaintext without client certificates (development only)."
+    )
+    inference_target: str = Field("127.0.0.1:50053", description="Inference service address (DNS names may resolve to several).")
+    retrieval_target: str = Field("127.0.0.1:50052", description="Retrieval service address.")
+    backend_server_name: str | None = Field(
+        None, description="Verify backends' certificates as this name instead of the dialled host."
+    )
+    channels_per_backend: int = Field(2, gt=0, le=64, description="Long-lived connections kept to each backend.")
+    connect_timeout_s: float = Field(10.0, gt=0, description="Wait for each backend channel at start-up.")
+    on_backend_down: Literal["fail", "wait"] = Field(
+        "fail", description="At start-up: exit naming the backend, or start NOT_SERVING and keep retrying."
+    )
+    default_deadline_s: float = Field(30.0, gt=0, description="Backend deadline when the caller set none.")
+    deadline_margin_ms: float = Field(20.0, ge=0, description="Taken off the caller's deadline for backend calls.")
+    max_in_flight: int = Field(64, gt=0, description="Streams in flight per process before RESOURCE_EXHAUSTED.")
+    max_inference_waiting: int = Field(
+        0, ge=0, description="Also refuse when the inference queue holds this many (0: do not look)."
+    )
+    load_poll_s: float = Field(0.25, gt=0, description="How often GetLoad is polled when the above is on.")

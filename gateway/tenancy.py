@@ -1,0 +1,47 @@
+"""Who is calling, and the names their resources have on the backends.
+
+The tenant is the common name of the client certificate (``agentgw certs``
+issues one per tenant); a client cannot choose it. A tenant's collection
+``docs`` is ``t3-dev-docs`` on the retrieval service: the tenant's length
+prefixes it, so no two (tenant, collection) pairs map to one name, whatever
+characters either holds.
+"""
+
+from __future__ import annotations
+
+import re
+
+from servicekit.errors import InvalidArgument, ServiceError
+
+import grpc
+
+_COLLECTION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+DEV_TENANT = "dev"
+
+
+class Unauthenticated(ServiceError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+def tenant_of(context, *, insecure_dev: bool) -> str:
+    """The caller's tenant, from its verified client certificate."""
+    auth = context.auth_context()
+    names = auth.get("x509_common_name") or []
+    if names:
+        return names[0].decode()
+    if insecure_dev:
+        return DEV_TENANT
+    raise Unauthenticated("no client certificate; connect with the certificate `agentgw certs` issued for your tenant")
+
+
+def physical_collection(tenant: str, collection: str, field: str = "collection") -> str:
+    """The retrieval service's name for ``tenant``'s ``collection``."""
+    if not _COLLECTION_RE.match(collection or ""):
+        raise InvalidArgument(field, f"{collection!r} is not a valid collection name (letters, digits, '-', '_'; 1-64)")
+    return f"t{len(tenant)}-{tenant}-{collection}"
+
+
+def tenant_collection(physical: str) -> str:
+    """The caller-facing name of a physical collection name."""
+    length, _, rest = physical[1:].partition("-")
+    return rest[int(length) + 1:]

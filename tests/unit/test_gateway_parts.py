@@ -1,0 +1,65 @@
+"""Tenancy names, admission and deadlines: the gateway's pure parts."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.admission import Admission
+from gateway.backends import Deadlines
+from gateway.tenancy import physical_collection, tenant_collection
+from servicekit.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize(("tenant", "collection"), [("dev", "docs"), ("a_b", "c"), ("a", "b_c"), ("x.y-z", "t3-dev-docs")])
+def test_physical_names_round_trip_and_never_collide(tenant, collection):
+    name = physical_collection(tenant, collection)
+    assert tenant_collection(name) == collection
+    assert name.startswith(f"t{len(tenant)}-{tenant}-")
+
+
+def test_tenant_prefixes_are_injective():
+    pairs = [("a_b", "c"), ("a", "b_c"), ("a", "b-c"), ("a-b", "c")]
+    assert len({physical_collection(t, c) for t, c in pairs}) == len(pairs)
+
+
+@pytest.mark.parametrize("bad", ["", "../x", "a/b", "x" * 65, "-x"])
+def test_bad_collection_names(bad):
+    with pytest.raises(InvalidArgument):
+        physical_collection("dev", bad)
+
+
+def test_admission_bounds_in_flight_and_counts():
+    admission = Admission(max_in_flight=2, retry_after_s=0.1)
+    with admission.admit(), admission.admit():
+        with pytest.raises(ResourceExhausted) as caught:
+            with admission.admit():
+                pass
+        assert caught.value.retry_after_s == 0.1
+        assert admission.in_flight == 2
+    assert (admission.in_flight, admission.admitted, admission.rejected) == (0, 2, 1)
+
+
+def test_admission_refuses_when_the_backend_queue_is_full():
+    admission = Admission(max_in_flight=10)
+    admission.backend_saturated = "inference queue holds 9 requests"
+    with pytest.raises(ResourceExhausted, match="inference queue holds 9"):
+        with admission.admit():
+            pass
+
+
+class _Context:
+    def __init__(self, remaining):
+        self.remaining = remaining
+
+    def time_remaining(self):
+        return self.remaining
+
+
+def test_deadlines_take_the_callers_remaining_time_less_a_margin():
+    deadlines = Deadlines(default_s=30, margin_ms=20)
+    assert deadlines.for_call(_Context(None)) == 30
+    assert deadlines.for_call(_Context(0.3)) == pytest.approx(0.28)
+    with pytest.raises(DeadlineExceeded):
+        deadlines.for_call(_Context(0.01))
