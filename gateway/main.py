@@ -24,8 +24,16 @@ from gateway.settings import GatewaySettings
 log = logging.getLogger("gateway.main")
 
 
-def _supervise(workers: int) -> int:
+def _supervise(settings: GatewaySettings) -> int:
+    workers = settings.workers
     env = {**os.environ, "AGW_GATEWAY_WORKERS": "1"}
+    if not settings.database_url:
+        # Start the embedded server once, here, rather than racing N workers to it.
+        import asyncio
+
+        from gateway.database import embedded_postgres_url
+
+        env["AGW_DATABASE_URL"] = asyncio.run(embedded_postgres_url(settings.embedded_postgres_dir))
     children = [subprocess.Popen([sys.executable, "-m", "gateway.main"], env=env) for _ in range(workers)]
     log.info("gateway: %d workers on one port: %s", workers, [c.pid for c in children])
 
@@ -51,7 +59,7 @@ def main() -> int:
         if settings.port == 0:
             print("gateway: AGW_GATEWAY_WORKERS > 1 needs a fixed AGW_GATEWAY_PORT", file=sys.stderr)
             return 2
-        return _supervise(settings.workers)
+        return _supervise(settings)
     return main_for(GatewaySettings, GatewayApp)
 
 

@@ -21,6 +21,9 @@ from servicekit.server import Health
 
 from gateway.admission import Admission
 from gateway.backends import Backends, open_backends
+from gateway.convert import message_to_proto, session_to_proto
+from gateway.database import embedded_postgres_url, open_database
+from gateway.sessions import Sessions
 from gateway.settings import GatewaySettings
 from gateway.tenancy import physical_collection, tenant_of
 
@@ -38,6 +41,7 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
         self.settings = settings
         self.admission = admission
         self.backends: Backends | None = None
+        self.sessions: Sessions | None = None
 
     def _tenant(self, context) -> str:
         return tenant_of(context, insecure_dev=self.settings.insecure_dev)
@@ -110,9 +114,21 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
         yield  # pragma: no cover - makes this a streaming handler
 
     async def CreateSession(self, request, context):
-        raise NotYet("sessions are not implemented yet (they come with issue 6)")
+        session = await self.sessions.create(self._tenant(context), dict(request.metadata))
+        return pb.CreateSessionResponse(session=session_to_proto(session))
 
-    GetSession = ListMessages = DeleteSession = CreateSession
+    async def GetSession(self, request, context):
+        session = await self.sessions.get(self._tenant(context), request.session_id)
+        return pb.GetSessionResponse(session=session_to_proto(session))
+
+    async def ListMessages(self, request, context):
+        messages, token = await self.sessions.list_messages(
+            self._tenant(context), request.session_id, request.page_size, request.page_token)
+        return pb.ListMessagesResponse(messages=[message_to_proto(m) for m in messages], next_page_token=token)
+
+    async def DeleteSession(self, request, context):
+        await self.sessions.delete(self._tenant(context), request.session_id)
+        return pb.DeleteSessionResponse()
 
 
 class GatewayApp:
@@ -138,6 +154,14 @@ class GatewayApp:
     @asynccontextmanager
     async def lifespan(self, health: Health):
         async with AsyncExitStack() as stack:
+            settings = self.settings
+            url = settings.database_url or await embedded_postgres_url(settings.embedded_postgres_dir)
+            database = await stack.enter_async_context(open_database(
+                url, min_size=settings.db_min_size, max_size=settings.db_max_size,
+                acquire_timeout_s=settings.db_acquire_timeout_s, command_timeout_s=settings.db_command_timeout_s,
+                statement_cache_size=settings.db_statement_cache_size,
+            ))
+            self.servicer.sessions = Sessions(database)
             backends = await stack.enter_async_context(open_backends(self.settings, self.admission))
             # With AGW_GATEWAY_ON_BACKEND_DOWN=wait the gateway stays NOT_SERVING
             # (calls get UNAVAILABLE) until every backend reports SERVING.

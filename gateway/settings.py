@@ -38,3 +38,15 @@ class GatewaySettings(ServiceSettings):
         0, ge=0, description="Also refuse when the inference queue holds this many (0: do not look)."
     )
     load_poll_s: float = Field(0.25, gt=0, description="How often GetLoad is polled when the above is on.")
+    database_url: str | None = deployment_field(
+        None, "database_url", description="PostgreSQL DSN; unset means a private server from the pgserver wheel."
+    )
+    db_min_size: int = Field(2, ge=1, description="Connections opened at start and kept.")
+    db_max_size: int = Field(10, ge=1, description="Most connections per worker process.")
+    db_acquire_timeout_s: float = Field(2.0, gt=0, description="Wait for a free connection before UNAVAILABLE.")
+    db_command_timeout_s: float = Field(5.0, gt=0, description="Deadline of each SQL command.")
+    db_statement_cache_size: int = Field(100, ge=0, description="Prepared statements per connection; 0 for pgbouncer.")
+
+    @property
+    def embedded_postgres_dir(self):
+        return self.home / "postgres"

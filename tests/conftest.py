@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.support.pki import PkiFixture, make_test_pki
@@ -21,3 +23,17 @@ def inference_service(tmp_path_factory, pki):
     service = start_inference_service(tmp_path_factory.mktemp("inference"), pki.root)
     yield service
     service.process.stop()
+
+
+@pytest.fixture(scope="session")
+def database_url(tmp_path_factory):
+    """AGW_TEST_DATABASE_URL (CI's server), else a private server from the pgserver wheel."""
+    url = os.environ.get("AGW_TEST_DATABASE_URL")
+    if url:
+        yield url
+        return
+    import pgserver
+
+    server = pgserver.get_server(tmp_path_factory.mktemp("pgdata"), cleanup_mode="stop")
+    yield server.get_uri()
+    server.cleanup()

@@ -30,8 +30,8 @@ async def retrieval(tmp_path_factory, pki):
 
 
 @pytest.fixture(scope="module")
-async def gateway(retrieval, inference_service, pki):
-    async with gateway_server(pki.root, inference_service.port, retrieval[0]) as (running, app):
+async def gateway(retrieval, inference_service, pki, database_url):
+    async with gateway_server(pki.root, inference_service.port, retrieval[0], database_url=database_url) as (running, app):
         yield running, app
 
 
@@ -136,8 +136,8 @@ async def test_deadline_reaches_the_backend(stub, inference_service, pki):
     assert min(elapsed) < 0.35, f"took {[round(e * 1000) for e in elapsed]} ms"
 
 
-async def test_admission_refuses_past_its_bound_at_once(retrieval, inference_service, pki):
-    async with gateway_server(pki.root, inference_service.port, retrieval[0], max_in_flight=4) as (running, _):
+async def test_admission_refuses_past_its_bound_at_once(retrieval, inference_service, pki, database_url):
+    async with gateway_server(pki.root, inference_service.port, retrieval[0], max_in_flight=4, database_url=database_url) as (running, _):
         async with gateway_stub(running.port, pki.root) as small:
             await small.GetStats(pb.GetStatsRequest(), timeout=5)  # connect first: time the admission, not TLS
 
@@ -193,9 +193,44 @@ async def test_bad_collection_name_is_invalid_argument(stub):
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-async def test_backend_down_at_start_fails_naming_it(inference_service, pki):
+async def test_backend_down_at_start_fails_naming_it(inference_service, pki, database_url):
     from servicekit.channels import ChannelNotReady
 
     with pytest.raises(ChannelNotReady, match=r"retrieval backend at 127.0.0.1:1 not ready"):
-        async with gateway_server(pki.root, inference_service.port, 1, connect_timeout_s=0.5):
+        async with gateway_server(pki.root, inference_service.port, 1, connect_timeout_s=0.5, database_url=database_url):
             pass
+
+
+async def test_session_rpcs_are_tenant_scoped(gateway, stub, pki):
+    created = (await stub.CreateSession(pb.CreateSessionRequest(metadata={"k": "'); DROP TABLE agw_sessions; --"}),
+                                        timeout=5)).session
+    assert created.id and created.message_count == 0
+    fetched = (await stub.GetSession(pb.GetSessionRequest(session_id=created.id), timeout=5)).session
+    assert dict(fetched.metadata) == {"k": "'); DROP TABLE agw_sessions; --"}
+    assert (await stub.ListMessages(pb.ListMessagesRequest(session_id=created.id), timeout=5)).messages == []
+    async with gateway_stub(gateway[0].port, pki.root, identity="other") as other:
+        for call, request in ((other.GetSession, pb.GetSessionRequest(session_id=created.id)),
+                              (other.ListMessages, pb.ListMessagesRequest(session_id=created.id)),
+                              (other.DeleteSession, pb.DeleteSessionRequest(session_id=created.id))):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await call(request, timeout=5)
+            assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+            assert caught.value.details() == f"session {created.id} does not exist"
+    await stub.DeleteSession(pb.DeleteSessionRequest(session_id=created.id), timeout=5)
+    with pytest.raises(grpc.aio.AioRpcError) as gone:
+        await stub.GetSession(pb.GetSessionRequest(session_id=created.id), timeout=5)
+    assert gone.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_malformed_session_id_is_invalid_argument(stub):
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.GetSession(pb.GetSessionRequest(session_id="42; --"), timeout=5)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details().startswith("session_id: '42; --' is not a session id")
+
+
+async def test_chat_answers_unimplemented_until_it_lands(stub):
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        async for _ in stub.Chat(pb.ChatRequest(message="hi"), timeout=5):
+            pass
+    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED

@@ -40,7 +40,7 @@ CHEAP = pb.RetrieveRequest(request=retrieval_pb2.SearchRequest(
     collection="kb", vector=retrieval_pb2.Vector(values=[1.0] * 384), top_k=1))
 
 
-async def test_backend_restarted_mid_run(tmp_path, pki, inference_service):
+async def test_backend_restarted_mid_run(tmp_path, pki, inference_service, database_url):
     port = free_port()
 
     def start_retrieval() -> ServiceProcess:
@@ -51,7 +51,7 @@ async def test_backend_restarted_mid_run(tmp_path, pki, inference_service):
     backend = start_retrieval()
     try:
         backend.wait_serving()
-        async with gateway_server(pki.root, inference_service.port, port) as (running, _):
+        async with gateway_server(pki.root, inference_service.port, port, database_url=database_url) as (running, _):
             async with gateway_stub(running.port, pki.root) as stub:
                 await stub.IngestDocuments(_ingest(), timeout=30)
                 assert (await stub.Retrieve(CHEAP, timeout=5)).response.results
@@ -84,13 +84,13 @@ async def test_backend_restarted_mid_run(tmp_path, pki, inference_service):
         backend.stop()
 
 
-async def test_workers_share_one_port(tmp_path, pki, inference_service):
+async def test_workers_share_one_port(tmp_path, pki, inference_service, database_url):
     port = free_port()
     async with retrieval_server(tmp_path / "retrieval", pki.root) as (retrieval, _):
         env = {
             **os.environ, "AGW_TLS_DIR": str(pki.root), "AGW_GATEWAY_PORT": str(port),
             "AGW_GATEWAY_INFERENCE_TARGET": f"127.0.0.1:{inference_service.port}",
-            "AGW_GATEWAY_RETRIEVAL_TARGET": f"127.0.0.1:{retrieval.port}",
+            "AGW_GATEWAY_RETRIEVAL_TARGET": f"127.0.0.1:{retrieval.port}", "AGW_DATABASE_URL": database_url,
         }
         process = subprocess.Popen([sys.executable, "-m", "servicekit.cli", "serve", "gateway", "--workers", "2"],
                                    env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -112,9 +112,9 @@ async def test_workers_share_one_port(tmp_path, pki, inference_service):
                 os.killpg(process.pid, signal.SIGKILL)
 
 
-async def test_insecure_dev_mode_serves_plaintext_as_tenant_dev(tmp_path, pki, inference_service, caplog):
+async def test_insecure_dev_mode_serves_plaintext_as_tenant_dev(tmp_path, pki, inference_service, caplog, database_url):
     async with retrieval_server(tmp_path / "retrieval", pki.root) as (retrieval, _):
-        async with gateway_server(pki.root, inference_service.port, retrieval.port, insecure_dev=True) as (running, _):
+        async with gateway_server(pki.root, inference_service.port, retrieval.port, insecure_dev=True, database_url=database_url) as (running, _):
             async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
                 stub = gateway_pb2_grpc.AgentGatewayStub(channel)
                 await stub.IngestDocuments(_ingest(), timeout=30)

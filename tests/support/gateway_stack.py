@@ -52,9 +52,9 @@ def established_connections(port: int) -> int:
 
 
 @asynccontextmanager
-async def gateway_server(tls_dir: Path, inference_port: int, retrieval_port: int, **overrides):
+async def gateway_server(tls_dir: Path, inference_port: int, retrieval_port: int, *, database_url: str, **overrides):
     settings = GatewaySettings(
-        tls_dir=tls_dir, port=0, grace_s=1.0, reuse_port=False,
+        tls_dir=tls_dir, port=0, grace_s=1.0, reuse_port=False, database_url=database_url,
         inference_target=f"127.0.0.1:{inference_port}", retrieval_target=f"127.0.0.1:{retrieval_port}",
         **overrides,
     )

@@ -1,0 +1,147 @@
+"""Postgres for the gateway: one warmed asyncpg pool per process, and versioned migrations.
+
+Migrations are the ``migrations/NNNN_name.sql`` files, applied in order at
+start inside one transaction that holds an advisory lock: running them twice,
+or from several worker processes at once, applies each exactly once.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from contextlib import asynccontextmanager
+from importlib import resources
+
+import asyncpg
+
+from servicekit.errors import Unavailable
+
+log = logging.getLogger(__name__)
+
+#: Any constant shared by every process that migrates this schema.
+MIGRATION_LOCK_ID = 0x61677731  # "agw1"
+_MIGRATION_NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
+
+#: Errors that mean "the database is not reachable now", as opposed to a bad query.
+CONNECTION_ERRORS = (
+    OSError,
+    TimeoutError,
+    asyncpg.exceptions.ConnectionDoesNotExistError,
+    asyncpg.exceptions.InterfaceError,
+    asyncpg.exceptions.CannotConnectNowError,
+    asyncpg.exceptions.AdminShutdownError,
+    asyncpg.exceptions.TooManyConnectionsError,
+    # What a pooled connection whose server side was killed (a restart) can
+    # raise on its first use, before asyncpg notices it is closed.
+    asyncpg.exceptions.InternalClientError,
+)
+
+
+def migrations() -> list[tuple[int, str, str]]:
+    """(version, name, sql) for every migration shipped with the package, in order."""
+    found = []
+    for entry in resources.files("gateway.migrations").iterdir():
+        match = _MIGRATION_NAME.match(entry.name)
+        if match:
+            found.append((int(match.group(1)), entry.name, entry.read_text()))
+    return sorted(found)
+
+
+async def migrate(connection: asyncpg.Connection) -> list[str]:
+    """Apply what is missing; return the names applied."""
+    applied_now = []
+    async with connection.transaction():
+        await connection.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK_ID)
+        await connection.execute(
+            "CREATE TABLE IF NOT EXISTS agw_schema_migrations ("
+            " version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        done = {row["version"] for row in await connection.fetch("SELECT version FROM agw_schema_migrations")}
+        for version, name, sql in migrations():
+            if version in done:
+                continue
+            await connection.execute(sql)
+            await connection.execute("INSERT INTO agw_schema_migrations (version, name) VALUES ($1, $2)", version, name)
+            applied_now.append(name)
+    return applied_now
+
+
+class Database:
+    """The pool, with acquire bounded in time and outages reported as UNAVAILABLE."""
+
+    def __init__(self, pool: asyncpg.Pool, acquire_timeout_s: float) -> None:
+        self.pool = pool
+        self.acquire_timeout_s = acquire_timeout_s
+
+    async def run(self, operation):
+        """``await operation(connection)``, once more on a fresh connection if the first was dead.
+
+        After a database restart every pooled connection is dead but looks
+        alive until used; one retry lets the next call succeed instead of
+        failing once per pooled connection. Operations must be safe to repeat
+        when their first attempt never reached the server.
+        """
+        try:
+            async with self.connection() as connection:
+                return await operation(connection)
+        except Unavailable as first:
+            if not isinstance(first.__cause__, CONNECTION_ERRORS) or isinstance(first.__cause__, TimeoutError):
+                raise
+            log.info("database connection lost (%s); retrying once", type(first.__cause__).__name__)
+            async with self.connection() as connection:
+                return await operation(connection)
+
+    @asynccontextmanager
+    async def connection(self):
+        try:
+            async with self.pool.acquire(timeout=self.acquire_timeout_s) as connection:
+                yield connection
+        except TimeoutError as exc:
+            raise Unavailable(
+                f"no database connection free within {self.acquire_timeout_s:g}s "
+                f"(pool max {self.pool.get_max_size()}); retry shortly"
+            ) from exc
+        except CONNECTION_ERRORS as exc:
+            raise Unavailable(f"session store unavailable: {type(exc).__name__}: {exc}") from exc
+
+
+async def embedded_postgres_url(pgdata) -> str:
+    """Start (or reuse) a private PostgreSQL server from the pgserver wheel; return its URL."""
+    import asyncio
+
+    import pgserver
+
+    def start() -> str:
+        pgdata.mkdir(parents=True, exist_ok=True)
+        # cleanup_mode None: the server outlives this process, so workers and
+        # restarts share it; it is reused on the next start.
+        return pgserver.get_server(pgdata, cleanup_mode=None).get_uri()
+
+    url = await asyncio.to_thread(start)
+    log.info("embedded PostgreSQL at %s (data in %s)", url, pgdata)
+    return url
+
+
+@asynccontextmanager
+async def open_database(url: str, *, min_size: int, max_size: int, acquire_timeout_s: float,
+                        command_timeout_s: float, statement_cache_size: int):
+    """Create the pool (``min_size`` connections opened now), migrate, and close it on exit."""
+    started = time.perf_counter()
+    pool = await asyncpg.create_pool(
+        url, min_size=min_size, max_size=max_size, command_timeout=command_timeout_s,
+        # 0 under pgbouncer in transaction mode, where prepared statements
+        # cannot follow a client from one server connection to the next.
+        statement_cache_size=statement_cache_size,
+        # A connection idle this long is closed, so a restarted server's dead
+        # sockets are not kept forever.
+        max_inactive_connection_lifetime=60.0,
+    )
+    try:
+        async with pool.acquire(timeout=acquire_timeout_s) as connection:
+            applied = await migrate(connection)
+        log.info("database ready in %.0f ms: pool %d-%d, migrations applied now: %s",
+                 (time.perf_counter() - started) * 1000, min_size, max_size, applied or "none")
+        yield Database(pool, acquire_timeout_s)
+    finally:
+        await pool.close()

@@ -1,0 +1,1 @@
+"""Versioned SQL migrations, applied in order by gateway.database."""
