@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import grpc
@@ -21,6 +22,7 @@ from servicekit.server import Health
 
 from gateway.admission import Admission
 from gateway.backends import Backends, open_backends
+from gateway.chat import ChatTurns, Clock
 from gateway.convert import message_to_proto, session_to_proto
 from gateway.database import embedded_postgres_url, open_database
 from gateway.sessions import Sessions
@@ -32,16 +34,13 @@ log = logging.getLogger(__name__)
 GATEWAY_SERVICE = pb.DESCRIPTOR.services_by_name["AgentGateway"]
 
 
-class NotYet(ServiceError):
-    code = grpc.StatusCode.UNIMPLEMENTED
-
-
 class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
     def __init__(self, settings: GatewaySettings, admission: Admission) -> None:
         self.settings = settings
         self.admission = admission
         self.backends: Backends | None = None
         self.sessions: Sessions | None = None
+        self.turns: ChatTurns | None = None
 
     def _tenant(self, context) -> str:
         return tenant_of(context, insecure_dev=self.settings.insecure_dev)
@@ -110,8 +109,12 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
         )
 
     async def Chat(self, request, context):
-        raise NotYet("Chat is not implemented yet (agent turns come with issue 6)")
-        yield  # pragma: no cover - makes this a streaming handler
+        clock = Clock(time.perf_counter())
+        tenant = self._tenant(context)
+        with self.admission.admit():
+            admitted_at = time.perf_counter()
+            async for event in self.turns.run(tenant, request, context, admitted_at, clock):
+                yield event
 
     async def CreateSession(self, request, context):
         session = await self.sessions.create(self._tenant(context), dict(request.metadata))
@@ -163,6 +166,7 @@ class GatewayApp:
             ))
             self.servicer.sessions = Sessions(database)
             backends = await stack.enter_async_context(open_backends(self.settings, self.admission))
+            self.servicer.turns = ChatTurns(settings, backends, database)
             # With AGW_GATEWAY_ON_BACKEND_DOWN=wait the gateway stays NOT_SERVING
             # (calls get UNAVAILABLE) until every backend reports SERVING.
             while not all(pool.serving for pool in backends.pools):

@@ -47,6 +47,18 @@ class GatewaySettings(ServiceSettings):
     db_command_timeout_s: float = Field(5.0, gt=0, description="Deadline of each SQL command.")
     db_statement_cache_size: int = Field(100, ge=0, description="Prepared statements per connection; 0 for pgbouncer.")
 
+    max_message_chars: int = Field(16_000, gt=0, description="Longest user message accepted by Chat.")
+    history_messages: int = Field(50, gt=0, description="Most past messages a turn loads.")
+    history_token_budget: int = Field(2048, gt=0, description="History beyond this many tokens is trimmed, oldest first.")
+    history_budget_s: float = Field(1.0, gt=0, description="Longest a turn waits for its history.")
+    retrieval_budget_s: float = Field(0.5, gt=0, description="Longest a turn waits for context before going on without.")
+    retrieval_top_k: int = Field(4, gt=0, description="Passages retrieved when a request names no top_k.")
+    fail_on_retrieval_error: bool = Field(False, description="Fail the turn, instead of degrading, when retrieval fails.")
+    default_system_prompt: str = Field(
+        "You are a helpful assistant. Answer from the context when it is relevant.",
+        description="System prompt when a request sends none; keep it stable so its KV is reused.",
+    )
+
     @property
     def embedded_postgres_dir(self):
         return self.home / "postgres"

@@ -228,9 +228,3 @@ async def test_malformed_session_id_is_invalid_argument(stub):
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert caught.value.details().startswith("session_id: '42; --' is not a session id")
 
-
-async def test_chat_answers_unimplemented_until_it_lands(stub):
-    with pytest.raises(grpc.aio.AioRpcError) as caught:
-        async for _ in stub.Chat(pb.ChatRequest(message="hi"), timeout=5):
-            pass
-    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED

@@ -1,0 +1,220 @@
+"""One agent turn: history and retrieval at once, a prefix-stable prompt, a streamed
+generation, the turn persisted, and a final event that says where the time went.
+
+Prompt layout, for prefix-cache reuse across turns: system prompt, then the
+session's history, then the retrieved context and the user's message in the
+last user turn. Everything before the last turn is identical from one turn to
+the next, so the engine serves it from its prefix cache.
+
+Nothing lost: the user and assistant messages are written in one transaction
+before the final event; a failed write is an error, not a final event. A
+cancelled turn stores nothing (neither the user's message nor a partial
+answer): a retry starts clean.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass
+
+import grpc
+
+from agent.gateway.v1 import gateway_pb2 as pb
+from agent.inference.v1 import inference_pb2
+from agent.retrieval.v1 import retrieval_pb2
+from servicekit.errors import InvalidArgument, NotFound, ServiceError, Unavailable
+
+from gateway.backends import Backends
+from gateway.database import Database
+from gateway.sessions import parse_session_id
+from gateway.settings import GatewaySettings
+from gateway.tenancy import physical_collection
+
+_ROLE = {"system": inference_pb2.ROLE_SYSTEM, "user": inference_pb2.ROLE_USER,
+         "assistant": inference_pb2.ROLE_ASSISTANT, "tool": inference_pb2.ROLE_TOOL}
+
+
+def estimate_tokens(text: str) -> int:
+    """About four characters a token: for the history budget, not for billing."""
+    return max(1, len(text) // 4)
+
+
+@dataclass
+class Clock:
+    started: float
+
+    def ms(self, since: float | None = None) -> float:
+        return (time.perf_counter() - (since if since is not None else self.started)) * 1000
+
+
+class ChatTurns:
+    """Runs Chat turns against the backends and the session store."""
+
+    def __init__(self, settings: GatewaySettings, backends: Backends, database: Database) -> None:
+        self.settings = settings
+        self.backends = backends
+        self.database = database
+
+    def _validate(self, request: pb.ChatRequest) -> uuid.UUID | None:
+        if not request.message.strip():
+            raise InvalidArgument("message", "is empty; send the user's message")
+        if len(request.message) > self.settings.max_message_chars:
+            raise InvalidArgument("message", f"is {len(request.message)} characters; the limit is "
+                                  f"{self.settings.max_message_chars} (AGW_GATEWAY_MAX_MESSAGE_CHARS)")
+        if request.idempotency_key and not request.session_id:
+            raise InvalidArgument("idempotency_key", "needs a session_id: stateless turns store nothing to replay")
+        return parse_session_id(request.session_id) if request.session_id else None
+
+    async def _history(self, tenant: str, session_id: uuid.UUID | None) -> tuple[list[tuple[str, str]], bool]:
+        if session_id is None:
+            return [], False
+
+        async def load(connection):
+            owned = await connection.fetchval("SELECT 1 FROM agw_sessions WHERE id = $1 AND tenant = $2",
+                                              session_id, tenant)
+            if owned is None:
+                return None
+            # The last N messages, newest first, through the primary key index.
+            return await connection.fetch(
+                "SELECT role, content, token_count FROM agw_messages WHERE session_id = $1"
+                " ORDER BY ordinal DESC LIMIT $2", session_id, self.settings.history_messages)
+
+        rows = await self.database.run(load)
+        if rows is None:
+            raise NotFound(f"session {session_id} does not exist")
+        kept, used, trimmed = [], 0, False
+        for row in rows:  # newest first: keep what fits, drop the oldest
+            if used + row["token_count"] > self.settings.history_token_budget:
+                trimmed = True
+                break
+            kept.append((row["role"], row["content"]))
+            used += row["token_count"]
+        return list(reversed(kept)), trimmed
+
+    async def _retrieve(self, tenant: str, request: pb.ChatRequest, context) -> list[retrieval_pb2.ScoredDocument]:
+        options = request.retrieval
+        if not request.HasField("retrieval") or not options.collection or (
+                options.HasField("enabled") and not options.enabled):
+            return []
+        search = retrieval_pb2.SearchRequest(
+            collection=physical_collection(tenant, options.collection, "retrieval.collection"),
+            text=request.message, top_k=options.top_k or self.settings.retrieval_top_k,
+            filter=options.filter, payload_fields=list(options.payload_fields) or ["text"],
+        )
+        return list((await self.backends.search(search, context)).results)
+
+    async def _replay(self, session_id: uuid.UUID, key: str):
+        stored = await self.database.run(lambda c: c.fetchval(
+            "SELECT result FROM agw_turns WHERE session_id = $1 AND idempotency_key = $2", session_id, key))
+        return json.loads(stored) if stored else None
+
+    async def _persist(self, tenant, session_id, request, answer: str, completion_tokens: int, result_json: dict) -> None:
+        async def write(connection):
+            async with connection.transaction():
+                # Lock the session row: concurrent turns of one session get consecutive ordinals.
+                owned = await connection.fetchval(
+                    "SELECT 1 FROM agw_sessions WHERE id = $1 AND tenant = $2 FOR UPDATE", session_id, tenant)
+                if owned is None:
+                    raise NotFound(f"session {session_id} does not exist")
+                if request.idempotency_key:
+                    claimed = await connection.fetchval(
+                        "INSERT INTO agw_turns (session_id, idempotency_key, result) VALUES ($1, $2, $3::jsonb)"
+                        " ON CONFLICT DO NOTHING RETURNING 1", session_id, request.idempotency_key, json.dumps(result_json))
+                    if claimed is None:
+                        return  # a concurrent retry stored this turn first
+                last = await connection.fetchval(
+                    "SELECT coalesce(max(ordinal), -1) FROM agw_messages WHERE session_id = $1", session_id)
+                await connection.executemany(
+                    "INSERT INTO agw_messages (session_id, ordinal, role, content, token_count, trace_id)"
+                    " VALUES ($1, $2, $3, $4, $5, $6)",
+                    [(session_id, last + 1, "user", request.message, estimate_tokens(request.message), ""),
+                     (session_id, last + 2, "assistant", answer, completion_tokens, "")],
+                )
+
+        await self.database.run(write)
+
+    async def run(self, tenant: str, request: pb.ChatRequest, context, admitted_at: float, clock: Clock):
+        session_id = self._validate(request)
+        timings = pb.StageTimings(admission_ms=(admitted_at - clock.started) * 1000)
+
+        if session_id is not None and request.idempotency_key:
+            stored = await self._replay(session_id, request.idempotency_key)
+            if stored is not None:
+                yield pb.ChatResponse(delta=pb.TokenDelta(text=stored["text"]))
+                final = pb.TurnSummary()
+                final.ParseFromString(bytes.fromhex(stored["final"]))
+                final.replayed = True
+                yield pb.ChatResponse(final=final)
+                return
+
+        async def timed(coro, budget_s: float):
+            started = time.perf_counter()
+            try:
+                return await asyncio.wait_for(coro, budget_s), None, (time.perf_counter() - started) * 1000
+            except (asyncio.TimeoutError, ServiceError) as exc:
+                return None, exc, (time.perf_counter() - started) * 1000
+
+        (history, history_error, timings.history_ms), (documents, retrieval_error, timings.retrieval_ms) = \
+            await asyncio.gather(
+                timed(self._history(tenant, session_id), self.settings.history_budget_s),
+                timed(self._retrieve(tenant, request, context), self.settings.retrieval_budget_s),
+            )
+        if history_error is not None:
+            if isinstance(history_error, (NotFound, InvalidArgument)):
+                raise history_error
+            raise Unavailable(f"session history unavailable; the turn was not run ({history_error or 'timed out'})")
+        history, trimmed = history
+        degraded = []
+        if retrieval_error is not None:
+            timed_out = isinstance(retrieval_error, asyncio.TimeoutError)
+            if isinstance(retrieval_error, InvalidArgument) or self.settings.fail_on_retrieval_error:
+                raise Unavailable("retrieval timed out") if timed_out else retrieval_error
+            reason = f"timed out after {self.settings.retrieval_budget_s:g}s" if timed_out else f"failed: {retrieval_error}"
+            degraded.append(f"no context: retrieval {reason}")
+            documents = []
+        if trimmed:
+            degraded.append("history trimmed to AGW_GATEWAY_HISTORY_TOKEN_BUDGET (oldest messages left out)")
+        if documents:
+            yield pb.ChatResponse(context=pb.ContextEvent(documents=documents))
+
+        messages = [inference_pb2.ChatMessage(role=inference_pb2.ROLE_SYSTEM,
+                                              content=request.system_prompt or self.settings.default_system_prompt)]
+        messages += [inference_pb2.ChatMessage(role=_ROLE.get(role, inference_pb2.ROLE_USER), content=content)
+                     for role, content in history]
+        context_block = "\n".join(f"[{i + 1}] {d.payload['text']}" for i, d in enumerate(documents)
+                                  if "text" in d.payload)
+        user = f"Context:\n{context_block}\n\nQuestion: {request.message}" if context_block else request.message
+        messages.append(inference_pb2.ChatMessage(role=inference_pb2.ROLE_USER, content=user))
+        generate = inference_pb2.GenerateRequest(chat=inference_pb2.ChatMessages(messages=messages),
+                                                 sampling=request.generation)
+
+        generation_started = time.perf_counter()
+        pieces, result = [], None
+        async for message in self.backends.generate(generate, context):
+            if message.text:
+                if not pieces:
+                    timings.first_token_ms = clock.ms()
+                pieces.append(message.text)
+                yield pb.ChatResponse(delta=pb.TokenDelta(text=message.text))
+            if message.HasField("result"):
+                result = message.result
+        timings.generation_ms = clock.ms(generation_started)
+        answer = "".join(pieces)
+
+        final = pb.TurnSummary(
+            finish_reason=result.finish_reason if result else 0, usage=result.usage if result else None,
+            degraded=bool(degraded), degraded_reason="; ".join(degraded), session_id=request.session_id,
+        )
+        if session_id is not None:
+            persist_started = time.perf_counter()
+            timings.persist_ms = 0.0
+            final.timings.CopyFrom(timings)
+            await self._persist(tenant, session_id, request, answer, final.usage.completion_tokens,
+                                {"text": answer, "final": final.SerializeToString().hex()})
+            timings.persist_ms = clock.ms(persist_started)
+        timings.total_ms = clock.ms()
+        final.timings.CopyFrom(timings)
+        yield pb.ChatResponse(final=final)
