@@ -3,8 +3,10 @@
 
 Starts the stack (inference, retrieval on Qdrant Edge, the gateway with
 Postgres), ingests a sample corpus, then runs Chat turns (session history plus
-retrieval plus 16 generated tokens) and, interleaved, the same prompt sent
-straight to the inference service. Reports time to first token and total,
+retrieval plus 16 generated tokens) and, interleaved, the very prompt the
+gateway builds for that turn (same history, same retrieved context) sent
+straight to the inference service. The two take turns at going first, since
+the second finds the first's prompt in the prefix cache. Reports time to first token and total,
 p50/p95/p99, at concurrency 1 and 8, and the gateway's share of the first
 token: gateway TTFT - (max(history, retrieval) + direct TTFT).
 
@@ -87,21 +89,33 @@ async def run(ports: dict[str, int], tls: Path, turns: int) -> dict:
         for concurrency in (1, 8):
             sessions = [(await gateway.CreateSession(pb.CreateSessionRequest(), timeout=5)).session.id
                         for _ in range(concurrency)]
-            # The direct path gets the prompt the gateway would build: system, history, question.
-            histories: list[list[inference_pb2.ChatMessage]] = [[] for _ in range(concurrency)]
             rows = {"gateway": [], "direct": []}
             per_worker = max(1, turns // concurrency)
+
+            async def same_prompt(session: str, question: str) -> list[inference_pb2.ChatMessage]:
+                """The prompt the gateway builds for this turn: system, history, context + question."""
+                history = (await gateway.ListMessages(pb.ListMessagesRequest(session_id=session, page_size=1000),
+                                                      timeout=10)).messages
+                hits = (await gateway.Retrieve(pb.RetrieveRequest(request=retrieval_pb2.SearchRequest(
+                    collection="docs", text=question, top_k=3, payload_fields=["text"])), timeout=10)).response.results
+                block = "\n".join(f"[{i + 1}] {h.payload['text']}" for i, h in enumerate(hits))
+                return [inference_pb2.ChatMessage(role=inference_pb2.ROLE_SYSTEM, content=SYSTEM),
+                        *(inference_pb2.ChatMessage(role=m.role, content=m.content) for m in history),
+                        inference_pb2.ChatMessage(role=inference_pb2.ROLE_USER,
+                                                  content=f"Context:\n{block}\n\nQuestion: {question}")]
 
             async def worker(index: int):
                 for turn in range(per_worker):
                     question = QUESTIONS[(index + turn) % len(QUESTIONS)]
-                    rows["gateway"].append(await gateway_turn(gateway, sessions[index], question))
-                    messages = [inference_pb2.ChatMessage(role=inference_pb2.ROLE_SYSTEM, content=SYSTEM),
-                                *histories[index],
-                                inference_pb2.ChatMessage(role=inference_pb2.ROLE_USER, content=question)]
-                    rows["direct"].append(await direct_turn(inference, messages))
-                    histories[index] += [inference_pb2.ChatMessage(role=inference_pb2.ROLE_USER, content=question),
-                                         inference_pb2.ChatMessage(role=inference_pb2.ROLE_ASSISTANT, content="...")]
+                    prompt = await same_prompt(sessions[index], question)  # untimed
+                    # Whichever path runs second finds the first's prompt in the
+                    # prefix cache, so they take turns at going first.
+                    if turn % 2 == 0:
+                        rows["direct"].append(await direct_turn(inference, prompt))
+                        rows["gateway"].append(await gateway_turn(gateway, sessions[index], question))
+                    else:
+                        rows["gateway"].append(await gateway_turn(gateway, sessions[index], question))
+                        rows["direct"].append(await direct_turn(inference, prompt))
 
             await asyncio.gather(*(worker(i) for i in range(concurrency)))
             results[concurrency] = rows

@@ -35,14 +35,20 @@ class Embedder:
         self.dimension = int(dimension())
 
     @classmethod
-    async def load(cls, model_path: str | None, threads: int = 1) -> Embedder:
+    async def load(cls, model_path: str | None, threads: int = 1, torch_threads: int = 1) -> Embedder:
         executor = ThreadPoolExecutor(threads, thread_name_prefix="embedder")
         path = Path(model_path) if model_path else None
 
         def build():
             # Offline by construction: a missing file must fail, not download.
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            import torch
             from sentence_transformers import SentenceTransformer
+
+            # One query is too small to split, and PyTorch's default (an
+            # OpenMP thread per core, spin-waiting) fights whatever else runs
+            # on the machine, such as vLLM's CPU worker: one intra-op thread.
+            torch.set_num_threads(torch_threads)
 
             folder = path or default_model_path()
             if not folder.exists():

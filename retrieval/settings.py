@@ -24,6 +24,7 @@ class RetrievalSettings(ServiceSettings):
         None, "embed_model", description="Local sentence-transformers model folder; default all-MiniLM-L6-v2 (bundled)."
     )
     embed_threads: int = Field(1, gt=0, description="Threads that run the embedder off the event loop.")
+    embed_torch_threads: int = Field(1, gt=0, description="PyTorch intra-op threads for the embedder.")
     embed_batch: int = Field(64, gt=0, description="Texts embedded per batch on upsert.")
     store_threads: int = Field(2, gt=0, description="Threads that run Qdrant Edge calls off the event loop.")
     upsert_chunk: int = Field(256, gt=0, description="Documents written per store call on upsert.")
