@@ -25,7 +25,7 @@ import grpc
 from agent.gateway.v1 import gateway_pb2 as pb
 from agent.inference.v1 import inference_pb2
 from agent.retrieval.v1 import retrieval_pb2
-from servicekit.errors import InvalidArgument, NotFound, ServiceError, Unavailable
+from servicekit.errors import InvalidArgument, NotFound, ResourceExhausted, ServiceError, Unavailable
 
 from gateway.backends import Backends
 from gateway.database import Database
@@ -35,6 +35,15 @@ from gateway.tenancy import physical_collection
 
 _ROLE = {"system": inference_pb2.ROLE_SYSTEM, "user": inference_pb2.ROLE_USER,
          "assistant": inference_pb2.ROLE_ASSISTANT, "tool": inference_pb2.ROLE_TOOL}
+
+
+def _over_context(error: ServiceError) -> bool:
+    """The inference service's "prompt does not fit the context" refusal."""
+    return error.code == grpc.StatusCode.INVALID_ARGUMENT and any(
+        violation.field == "input"
+        for detail in error.details if hasattr(detail, "field_violations")
+        for violation in detail.field_violations
+    )
 
 
 def estimate_tokens(text: str) -> int:
@@ -180,27 +189,43 @@ class ChatTurns:
         if documents:
             yield pb.ChatResponse(context=pb.ContextEvent(documents=documents))
 
-        messages = [inference_pb2.ChatMessage(role=inference_pb2.ROLE_SYSTEM,
-                                              content=request.system_prompt or self.settings.default_system_prompt)]
-        messages += [inference_pb2.ChatMessage(role=_ROLE.get(role, inference_pb2.ROLE_USER), content=content)
-                     for role, content in history]
         context_block = "\n".join(f"[{i + 1}] {d.payload['text']}" for i, d in enumerate(documents)
                                   if "text" in d.payload)
         user = f"Context:\n{context_block}\n\nQuestion: {request.message}" if context_block else request.message
-        messages.append(inference_pb2.ChatMessage(role=inference_pb2.ROLE_USER, content=user))
-        generate = inference_pb2.GenerateRequest(chat=inference_pb2.ChatMessages(messages=messages),
+
+        def prompt(past: list[tuple[str, str]]) -> inference_pb2.GenerateRequest:
+            messages = [inference_pb2.ChatMessage(role=inference_pb2.ROLE_SYSTEM,
+                                                  content=request.system_prompt or self.settings.default_system_prompt)]
+            messages += [inference_pb2.ChatMessage(role=_ROLE.get(role, inference_pb2.ROLE_USER), content=content)
+                         for role, content in past]
+            messages.append(inference_pb2.ChatMessage(role=inference_pb2.ROLE_USER, content=user))
+            return inference_pb2.GenerateRequest(chat=inference_pb2.ChatMessages(messages=messages),
                                                  sampling=request.generation)
 
         generation_started = time.perf_counter()
         pieces, result = [], None
-        async for message in self.backends.generate(generate, context):
-            if message.text:
-                if not pieces:
-                    timings.first_token_ms = clock.ms()
-                pieces.append(message.text)
-                yield pb.ChatResponse(delta=pb.TokenDelta(text=message.text))
-            if message.HasField("result"):
-                result = message.result
+        while True:
+            try:
+                async for message in self.backends.generate(prompt(history), context):
+                    if message.text:
+                        if not pieces:
+                            timings.first_token_ms = clock.ms()
+                        pieces.append(message.text)
+                        yield pb.ChatResponse(delta=pb.TokenDelta(text=message.text))
+                    if message.HasField("result"):
+                        result = message.result
+                break
+            except ServiceError as exc:
+                if pieces or not _over_context(exc):
+                    raise
+                if not history:
+                    raise ResourceExhausted(
+                        f"the message does not fit the model's context even without history ({exc.message}); "
+                        "shorten it or lower max_tokens", retry_after_s=None) from None
+                # Over the context: drop the oldest half of the history and try again.
+                history = history[len(history) // 2 + len(history) % 2:]
+                if "history trimmed" not in " ".join(degraded):
+                    degraded.append("history trimmed to fit the model's context (oldest messages left out)")
         timings.generation_ms = clock.ms(generation_started)
         answer = "".join(pieces)
 

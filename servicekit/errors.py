@@ -62,14 +62,21 @@ class FailedPrecondition(ServiceError):
 
 
 class ResourceExhausted(ServiceError):
-    """Over capacity now; ``retry_after_s`` travels as ``google.rpc.RetryInfo``."""
+    """Over a limit; ``retry_after_s`` travels as ``google.rpc.RetryInfo``.
+
+    ``retry_after_s=None`` sends no retry hint: for a request that can never
+    fit, retrying as is cannot help.
+    """
 
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
-    def __init__(self, message: str, *, retry_after_s: float = 0.1) -> None:
-        delay = duration_pb2.Duration()
-        delay.FromNanoseconds(int(retry_after_s * 1e9))
-        super().__init__(message, details=[error_details_pb2.RetryInfo(retry_delay=delay)])
+    def __init__(self, message: str, *, retry_after_s: float | None = 0.1) -> None:
+        details = []
+        if retry_after_s is not None:
+            delay = duration_pb2.Duration()
+            delay.FromNanoseconds(int(retry_after_s * 1e9))
+            details.append(error_details_pb2.RetryInfo(retry_delay=delay))
+        super().__init__(message, details=details)
         self.retry_after_s = retry_after_s
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import grpc
@@ -112,3 +113,109 @@ async def test_bad_input_gets_its_status(stub, fields, code, needle):
         await _turn(stub, **fields)
     assert caught.value.code() == code
     assert needle in caught.value.details(), caught.value.details()
+
+
+@pytest.fixture
+def private_postgres(tmp_path):
+    """A PostgreSQL server of this test's own (pgserver), with a real restart."""
+    import os
+    import signal
+    import time
+
+    import pgserver
+
+    server = pgserver.get_server(tmp_path / "pgdata", cleanup_mode="stop")
+
+    def restart() -> None:
+        pid = server.get_pid()
+        os.kill(pid, signal.SIGINT)  # fast shutdown: every client connection is dropped
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        server.ensure_postgres_running()
+
+    yield server.get_uri(), restart
+    server.cleanup()
+
+
+async def test_postgres_restart_between_turns(tmp_path, pki, inference_service, private_postgres):
+    url, restart = private_postgres
+    async with retrieval_server(tmp_path / "retrieval", pki.root) as (retrieval, _):
+        async with gateway_server(pki.root, inference_service.port, retrieval.port, database_url=url) as (gw, _):
+            async with gateway_stub(gw.port, pki.root) as stub:
+                session = await _session(stub)
+                await _turn(stub, session_id=session, message="before the restart")
+                await asyncio.to_thread(restart)
+                _, final = await _turn(stub, session_id=session, message="after the restart")
+                assert final.session_id == session
+                messages = (await stub.ListMessages(pb.ListMessagesRequest(session_id=session), timeout=5)).messages
+                assert [m.content for m in messages if m.role == inference_pb2.ROLE_USER] == [
+                    "before the restart", "after the restart"]
+
+
+async def test_history_and_retrieval_overlap(tmp_path, pki, inference_service, database_url):
+    """Both stages slowed by 300 ms (fault injection around the real calls): the turn pays once."""
+    async with retrieval_server(tmp_path / "retrieval", pki.root) as (retrieval, _):
+        async with gateway_server(pki.root, inference_service.port, retrieval.port, database_url=database_url,
+                                  retrieval_budget_s=2.0) as (gw, app):
+            turns = app.servicer.turns
+            real_history, real_search = turns._history, turns.backends.search
+
+            async def slow_history(*args):
+                await asyncio.sleep(0.3)
+                return await real_history(*args)
+
+            async def slow_search(*args):
+                await asyncio.sleep(0.3)
+                return await real_search(*args)
+
+            turns._history, turns.backends.search = slow_history, slow_search
+            async with gateway_stub(gw.port, pki.root) as stub:
+                await stub.IngestDocuments(pb.IngestDocumentsRequest(
+                    collection="kb", documents=passage_documents(sample_corpus(max_per_topic=1)[:5])), timeout=60)
+                session = await _session(stub)
+                _, final = await _turn(stub, session_id=session, message="overlap?",
+                                       retrieval=pb.RetrievalOptions(collection="kb"))
+    t = final.timings
+    assert t.history_ms >= 300 and t.retrieval_ms >= 300
+    assert t.total_ms < t.history_ms + t.retrieval_ms, t
+    assert not final.degraded
+
+
+async def test_history_over_the_context_is_trimmed_and_a_lone_oversized_message_refused(
+        tmp_path, pki, inference_service, database_url):
+    # The test engine's context is 4,096 tokens; a large history budget lets
+    # the context, not the budget, be what runs out.
+    paragraph = "The with statement wraps the execution of a block with methods defined by a context manager. "
+    async with retrieval_server(tmp_path / "retrieval", pki.root) as (retrieval, _):
+        async with gateway_server(pki.root, inference_service.port, retrieval.port, database_url=database_url,
+                                  history_token_budget=100_000) as (gw, _):
+            async with gateway_stub(gw.port, pki.root) as stub:
+                session = await _session(stub)
+                await _turn(stub, session_id=session, message=paragraph * 150)   # ~2,700 tokens of history
+                _, final = await _turn(stub, session_id=session, message=paragraph * 90)  # ~1,600 more
+                assert final.degraded and "history trimmed to fit the model's context" in final.degraded_reason
+                assert final.usage.prompt_tokens < 4096
+
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    async for _ in stub.Chat(pb.ChatRequest(
+                            message=paragraph * 160, generation=inference_pb2.SamplingParams(max_tokens=2000)),
+                            timeout=60):
+                        pass
+                assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert "does not fit the model's context even without history" in caught.value.details()
+
+
+async def test_cancelled_turn_stores_nothing(stub):
+    session = await _session(stub)
+    call = stub.Chat(pb.ChatRequest(session_id=session, message="Talk for a long time.",
+                                    generation=inference_pb2.SamplingParams(max_tokens=3000, ignore_eos=True)), timeout=60)
+    for _ in range(3):
+        await call.read()
+    call.cancel()
+    await asyncio.sleep(0.5)
+    messages = (await stub.ListMessages(pb.ListMessagesRequest(session_id=session), timeout=5)).messages
+    assert list(messages) == []  # documented: neither the question nor a partial answer is kept
