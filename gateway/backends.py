@@ -20,6 +20,7 @@ from agent.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from servicekit.channels import ChannelSpec
 from servicekit.errors import DeadlineExceeded, from_rpc_error
 from servicekit.pki import GATEWAY_IDENTITY
+from servicekit.telemetry import outgoing_metadata
 from servicekit.tls import ClientTls
 
 from gateway.admission import Admission
@@ -65,7 +66,8 @@ class Backends:
         timeout = self.deadlines.for_call(context)
         with pool.use() as pooled:
             try:
-                return await getattr(pooled.stub(stub_class), method)(request, timeout=timeout)
+                return await getattr(pooled.stub(stub_class), method)(
+                    request, timeout=timeout, metadata=outgoing_metadata())
             except grpc.aio.AioRpcError as exc:
                 raise from_rpc_error(exc, backend=pool.describe()) from None
 
@@ -91,7 +93,8 @@ class Backends:
         """Stream a generation. Closing the iterator (or a cancelled caller) cancels the backend call at once."""
         timeout = self.deadlines.for_call(context)
         with self.inference.use() as pooled:
-            call = pooled.stub(inference_pb2_grpc.InferenceStub).Generate(request, timeout=timeout)
+            call = pooled.stub(inference_pb2_grpc.InferenceStub).Generate(
+                request, timeout=timeout, metadata=outgoing_metadata())
             try:
                 async for message in call:
                     yield message

@@ -18,14 +18,19 @@ import asyncio
 import json
 import time
 import uuid
+from contextlib import aclosing
 from dataclasses import dataclass
 
 import grpc
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
 
 from agent.gateway.v1 import gateway_pb2 as pb
 from agent.inference.v1 import inference_pb2
 from agent.retrieval.v1 import retrieval_pb2
 from servicekit.errors import InvalidArgument, NotFound, ResourceExhausted, ServiceError, Unavailable
+from servicekit.telemetry import trace_id_hex
 
 from gateway.backends import Backends
 from gateway.database import Database
@@ -33,8 +38,16 @@ from gateway.sessions import parse_session_id
 from gateway.settings import GatewaySettings
 from gateway.tenancy import physical_collection
 
+_TRACER = trace.get_tracer("agent-gateway.chat")
 _ROLE = {"system": inference_pb2.ROLE_SYSTEM, "user": inference_pb2.ROLE_USER,
          "assistant": inference_pb2.ROLE_ASSISTANT, "tool": inference_pb2.ROLE_TOOL}
+
+
+async def _prepend(first, rest):
+    if first is not None:
+        yield first
+        async for item in rest:
+            yield item
 
 
 def _over_context(error: ServiceError) -> bool:
@@ -147,6 +160,7 @@ class ChatTurns:
 
     async def run(self, tenant: str, request: pb.ChatRequest, context, admitted_at: float, clock: Clock):
         session_id = self._validate(request)
+        trace_id = trace_id_hex()  # the call's server span, opened by the edge interceptor
         timings = pb.StageTimings(admission_ms=(admitted_at - clock.started) * 1000)
 
         if session_id is not None and request.idempotency_key:
@@ -159,17 +173,19 @@ class ChatTurns:
                 yield pb.ChatResponse(final=final)
                 return
 
-        async def timed(coro, budget_s: float):
+        async def timed(name: str, coro, budget_s: float):
             started = time.perf_counter()
-            try:
-                return await asyncio.wait_for(coro, budget_s), None, (time.perf_counter() - started) * 1000
-            except (asyncio.TimeoutError, ServiceError) as exc:
-                return None, exc, (time.perf_counter() - started) * 1000
+            with _TRACER.start_as_current_span(name) as span:
+                try:
+                    return await asyncio.wait_for(coro, budget_s), None, (time.perf_counter() - started) * 1000
+                except (asyncio.TimeoutError, ServiceError) as exc:
+                    span.set_status(Status(StatusCode.ERROR, str(exc) or "timed out"))
+                    return None, exc, (time.perf_counter() - started) * 1000
 
         (history, history_error, timings.history_ms), (documents, retrieval_error, timings.retrieval_ms) = \
             await asyncio.gather(
-                timed(self._history(tenant, session_id), self.settings.history_budget_s),
-                timed(self._retrieve(tenant, request, context), self.settings.retrieval_budget_s),
+                timed("history", self._history(tenant, session_id), self.settings.history_budget_s),
+                timed("retrieval", self._retrieve(tenant, request, context), self.settings.retrieval_budget_s),
             )
         if history_error is not None:
             if isinstance(history_error, (NotFound, InvalidArgument)):
@@ -204,41 +220,60 @@ class ChatTurns:
 
         generation_started = time.perf_counter()
         pieces, result = [], None
-        while True:
-            try:
-                async for message in self.backends.generate(prompt(history), context):
-                    if message.text:
-                        if not pieces:
-                            timings.first_token_ms = clock.ms()
-                        pieces.append(message.text)
-                        yield pb.ChatResponse(delta=pb.TokenDelta(text=message.text))
-                    if message.HasField("result"):
-                        result = message.result
-                break
-            except ServiceError as exc:
-                if pieces or not _over_context(exc):
-                    raise
-                if not history:
-                    raise ResourceExhausted(
-                        f"the message does not fit the model's context even without history ({exc.message}); "
-                        "shorten it or lower max_tokens", retry_after_s=None) from None
-                # Over the context: drop the oldest half of the history and try again.
-                history = history[len(history) // 2 + len(history) % 2:]
-                if "history trimmed" not in " ".join(degraded):
-                    degraded.append("history trimmed to fit the model's context (oldest messages left out)")
+        # Not "current" across the yields below: a context attached in an
+        # async generator must not leak to the code between its messages.
+        generation_span = _TRACER.start_span("generation")
+        generation_context = trace.set_span_in_context(generation_span)
+        try:
+            while True:
+                try:
+                    # aclosing: a turn closed mid-stream cancels the backend call now, not at GC.
+                    async with aclosing(self.backends.generate(prompt(history), context)) as stream:
+                        token = otel_context.attach(generation_context)
+                        try:
+                            first = await anext(stream, None)  # the backend call starts inside the span
+                        finally:
+                            otel_context.detach(token)
+                        async for message in _prepend(first, stream):
+                            if message.text:
+                                if not pieces:
+                                    timings.first_token_ms = clock.ms()
+                                pieces.append(message.text)
+                                yield pb.ChatResponse(delta=pb.TokenDelta(text=message.text))
+                            if message.HasField("result"):
+                                result = message.result
+                    break
+                except ServiceError as exc:
+                    if pieces or not _over_context(exc):
+                        raise
+                    if not history:
+                        raise ResourceExhausted(
+                            f"the message does not fit the model's context even without history ({exc.message}); "
+                            "shorten it or lower max_tokens", retry_after_s=None) from None
+                    # Over the context: drop the oldest half of the history and try again.
+                    history = history[len(history) // 2 + len(history) % 2:]
+                    if "history trimmed" not in " ".join(degraded):
+                        degraded.append("history trimmed to fit the model's context (oldest messages left out)")
+        except BaseException as exc:  # cancelled, failed: the span says so, and always ends
+            generation_span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+            raise
+        finally:
+            generation_span.end()
         timings.generation_ms = clock.ms(generation_started)
         answer = "".join(pieces)
 
         final = pb.TurnSummary(
             finish_reason=result.finish_reason if result else 0, usage=result.usage if result else None,
             degraded=bool(degraded), degraded_reason="; ".join(degraded), session_id=request.session_id,
+            trace_id=trace_id,
         )
         if session_id is not None:
             persist_started = time.perf_counter()
             timings.persist_ms = 0.0
             final.timings.CopyFrom(timings)
-            await self._persist(tenant, session_id, request, answer, final.usage.completion_tokens,
-                                {"text": answer, "final": final.SerializeToString().hex()})
+            with _TRACER.start_as_current_span("persist"):
+                await self._persist(tenant, session_id, request, answer, final.usage.completion_tokens,
+                                    {"text": answer, "final": final.SerializeToString().hex()})
             timings.persist_ms = clock.ms(persist_started)
         timings.total_ms = clock.ms()
         final.timings.CopyFrom(timings)

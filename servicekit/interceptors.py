@@ -1,4 +1,4 @@
-"""The edge of every RPC: readiness gate and error mapping, in one server interceptor.
+"""The edge of every RPC: its server span, readiness gate and error mapping, in one interceptor.
 
 Handlers raise :class:`~servicekit.errors.ServiceError`; this is the one place
 that turns it into a gRPC status with details. A cancelled call's
@@ -7,16 +7,22 @@ that turns it into a gRPC status with details. A cancelled call's
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
-from contextlib import aclosing
 from collections.abc import Awaitable, Callable, Collection
+from contextlib import aclosing
 
 import grpc
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
 
 from servicekit.errors import Internal, ServiceError, Unavailable, trailing_metadata
+from servicekit.telemetry import TRACE_ID_KEY, extract_context, trace_id_hex
 
 log = logging.getLogger(__name__)
+_TRACER = trace.get_tracer("agent-gateway.servicekit")
 
 #: Services answered even before the app is ready: probes must see NOT_SERVING,
 #: not UNAVAILABLE, and tools must be able to list services.
@@ -41,8 +47,38 @@ class Readiness:
             raise Unavailable(f"{self.service} is warming up; retry once its health check reports SERVING")
 
 
-async def _abort(context: grpc.aio.ServicerContext, error: ServiceError) -> None:
-    await context.abort(error.code, error.message, trailing_metadata=trailing_metadata(error))
+class _ServerSpan:
+    """The call's SERVER span: the caller's W3C context as parent, current while the call runs.
+
+    Attached and detached in the call's own task (a handler runs in one task
+    from start to end), and ended however the call ends. The trace id goes
+    back to the caller in the ``x-trace-id`` trailer.
+    """
+
+    def __init__(self, method: str, context) -> None:
+        parent = extract_context(context.invocation_metadata())
+        self.span = _TRACER.start_span(method.lstrip("/"), context=parent, kind=trace.SpanKind.SERVER,
+                                       attributes={"rpc.system": "grpc", "rpc.method": method})
+        self._token = otel_context.attach(trace.set_span_in_context(self.span, parent))
+        self.trace_id = trace_id_hex(self.span)
+        context.set_trailing_metadata(((TRACE_ID_KEY, self.trace_id),))
+
+    def fail(self, code: grpc.StatusCode, message: str) -> None:
+        self.span.set_attribute("rpc.grpc.status_code", code.value[0])
+        self.span.set_status(Status(StatusCode.ERROR, f"{code.name}: {message}"))
+
+    def end(self) -> None:
+        self.span.end()
+        try:
+            otel_context.detach(self._token)
+        except ValueError:  # closed from another context (a generator finalised late)
+            pass
+
+
+async def _abort(context: grpc.aio.ServicerContext, error: ServiceError, span: _ServerSpan) -> None:
+    span.fail(error.code, error.message)
+    await context.abort(error.code, error.message,
+                        trailing_metadata=(*trailing_metadata(error), (TRACE_ID_KEY, span.trace_id)))
 
 
 def _unexpected(method: str, exc: Exception) -> ServiceError:
@@ -52,21 +88,28 @@ def _unexpected(method: str, exc: Exception) -> ServiceError:
 
 def _wrap_unary(behavior: Callable[..., Awaitable], method: str, readiness: Readiness):
     async def handler(request, context):
+        span = _ServerSpan(method, context)
         try:
             readiness.check()
             return await behavior(request, context)
         except ServiceError as error:
-            await _abort(context, error)
+            await _abort(context, error, span)
         except (grpc.aio.AbortError, grpc.RpcError):
             raise
+        except asyncio.CancelledError:
+            span.fail(grpc.StatusCode.CANCELLED, "cancelled by the caller or its deadline")
+            raise
         except Exception as exc:  # noqa: BLE001 - the edge of the RPC
-            await _abort(context, _unexpected(method, exc))
+            await _abort(context, _unexpected(method, exc), span)
+        finally:
+            span.end()
 
     return handler
 
 
 def _wrap_streaming(behavior: Callable, method: str, readiness: Readiness):
     async def handler(request, context):
+        span = _ServerSpan(method, context)
         try:
             readiness.check()
             result = behavior(request, context)
@@ -79,17 +122,25 @@ def _wrap_streaming(behavior: Callable, method: str, readiness: Readiness):
             else:  # a coroutine that writes with context.write
                 await result
         except ServiceError as error:
-            await _abort(context, error)
+            await _abort(context, error, span)
         except (grpc.aio.AbortError, grpc.RpcError):
             raise
+        except (asyncio.CancelledError, GeneratorExit):
+            span.fail(grpc.StatusCode.CANCELLED, "cancelled by the caller or its deadline")
+            raise
         except Exception as exc:  # noqa: BLE001 - the edge of the RPC
-            await _abort(context, _unexpected(method, exc))
+            await _abort(context, _unexpected(method, exc), span)
+        finally:
+            span.end()
 
     return handler
 
 
 class EdgeInterceptor(grpc.aio.ServerInterceptor):
-    """Rejects calls until ready, and maps domain errors to statuses."""
+    """Traces each call, rejects calls until ready, and maps domain errors to statuses.
+
+    Health and reflection pass untouched: probes are not traced.
+    """
 
     def __init__(self, readiness: Readiness, always_open: Collection[str] = ALWAYS_OPEN) -> None:
         self._readiness = readiness

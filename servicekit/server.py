@@ -33,6 +33,7 @@ from grpc_reflection.v1alpha import reflection
 from servicekit.interceptors import EdgeInterceptor, Readiness
 from servicekit.keepalive import GrpcOptions
 from servicekit.settings import ServiceSettings, SettingsError, load_settings
+from servicekit.telemetry import configure_tracing
 from servicekit.tls import ServerTls, TlsConfigError
 
 log = logging.getLogger(__name__)
@@ -234,7 +235,11 @@ def configure_logging(level: str) -> None:
 def run(app: ServiceApp, settings: ServiceSettings, **kwargs) -> int:
     """Run ``app`` on uvloop until signalled; the process entry point of a service."""
     configure_logging(settings.log_level)
-    return uvloop.run(serve_until_signalled(app, settings, **kwargs))
+    provider = configure_tracing(app.name)
+    try:
+        return uvloop.run(serve_until_signalled(app, settings, **kwargs))
+    finally:
+        provider.shutdown()  # flushes spans still batched
 
 
 def main_for(settings_cls: type[S], make_app: Callable[[S], ServiceApp]) -> int:

@@ -209,7 +209,10 @@ async def test_history_over_the_context_is_trimmed_and_a_lone_oversized_message_
                 assert "does not fit the model's context even without history" in caught.value.details()
 
 
-async def test_cancelled_turn_stores_nothing(stub):
+async def test_cancelled_turn_stores_nothing_and_frees_the_engine(stub, inference_service, pki):
+    from agent.inference.v1 import inference_pb2_grpc
+    from tests.support.grpc_client import mtls_channel
+
     session = await _session(stub)
     call = stub.Chat(pb.ChatRequest(session_id=session, message="Talk for a long time.",
                                     generation=inference_pb2.SamplingParams(max_tokens=3000, ignore_eos=True)), timeout=60)
@@ -219,3 +222,6 @@ async def test_cancelled_turn_stores_nothing(stub):
     await asyncio.sleep(0.5)
     messages = (await stub.ListMessages(pb.ListMessagesRequest(session_id=session), timeout=5)).messages
     assert list(messages) == []  # documented: neither the question nor a partial answer is kept
+    async with mtls_channel(inference_service.port, pki.root, identity="gateway") as channel:
+        load = await inference_pb2_grpc.InferenceStub(channel).GetLoad(inference_pb2.GetLoadRequest(), timeout=5)
+    assert (load.running_requests, load.waiting_requests) == (0, 0), load
