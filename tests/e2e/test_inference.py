@@ -126,6 +126,7 @@ async def test_deadline_aborts_the_engine_request(stub):
 
 
 async def test_caller_request_id_is_kept_and_must_be_unique(stub):
+    await _wait_idle(stub, within_s=15)  # a quiet engine, whatever ran before
     first = stub.Generate(pb.GenerateRequest(
         request_id="caller-id-1", prompt="Hold on.", sampling=pb.SamplingParams(max_tokens=LONG, ignore_eos=True)
     ), timeout=30)
@@ -142,6 +143,7 @@ async def test_caller_request_id_is_kept_and_must_be_unique(stub):
 
 async def test_queue_past_its_bound_is_resource_exhausted(stub):
     # The test engine runs 4 sequences and queues 2 more (see TEST_ENGINE_ENV).
+    await _wait_idle(stub, within_s=15)  # a quiet engine, whatever ran before
     long = pb.GenerateRequest(prompt="Keep going.", sampling=pb.SamplingParams(max_tokens=LONG, ignore_eos=True))
     calls = [stub.Generate(long, timeout=60) for _ in range(6)]
     try:
