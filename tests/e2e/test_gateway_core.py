@@ -121,6 +121,7 @@ async def test_client_cancel_frees_the_engine_within_a_second(stub, inference_se
     assert await _wait_engine_idle(inference_service, pki, within_s=1.0) < 1.0
 
 
+@pytest.mark.flaky(reruns=2)  # STALL: see tests/e2e/test_inference.py
 async def test_deadline_reaches_the_backend(stub, inference_service, pki):
     # Best of three: scheduling noise on a shared 2-core machine can only add
     # time, so one run inside the bound shows the deadline is honoured.
@@ -136,6 +137,7 @@ async def test_deadline_reaches_the_backend(stub, inference_service, pki):
     assert min(elapsed) < 0.35, f"took {[round(e * 1000) for e in elapsed]} ms"
 
 
+@pytest.mark.flaky(reruns=2)  # STALL: see tests/e2e/test_inference.py
 async def test_admission_refuses_past_its_bound_at_once(retrieval, inference_service, pki, database_url):
     async with gateway_server(pki.root, inference_service.port, retrieval[0], max_in_flight=4, database_url=database_url) as (running, _):
         async with gateway_stub(running.port, pki.root) as small:
