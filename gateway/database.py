@@ -78,8 +78,8 @@ class Database:
         """``await operation(connection)``, once more on a fresh connection if the first was dead.
 
         After a database restart every pooled connection is dead but looks
-        alive until used; one retry lets the next call succeed instead of
-        failing once per pooled connection. Operations must be safe to repeat
+        alive until used; expiring them all and retrying once lets the next
+        call succeed instead of failing once per pooled connection. Operations must be safe to repeat
         when their first attempt never reached the server.
         """
         try:
@@ -88,7 +88,11 @@ class Database:
         except Unavailable as first:
             if not isinstance(first.__cause__, CONNECTION_ERRORS) or isinstance(first.__cause__, TimeoutError):
                 raise
-            log.info("database connection lost (%s); retrying once", type(first.__cause__).__name__)
+            log.info("database connection lost (%s); renewing the pool's connections and retrying once",
+                     type(first.__cause__).__name__)
+            # After a restart every pooled connection is dead, not just this
+            # one: have the pool replace them all on their next use.
+            await self.pool.expire_connections()
             async with self.connection() as connection:
                 return await operation(connection)
 
