@@ -84,7 +84,10 @@ class Engine:
         self._executor = executor
         self._settings = settings
         self._tracker = tracker
+        # Ids of requests admitted to the engine (load, capacity, abort) and
+        # ids claimed by any call still running, admitted or not (uniqueness).
         self._in_flight: set[str] = set()
+        self._claimed_ids: set[str] = set()
         self.dead_reason: str | None = None
         config = llm.vllm_config
         self.info = ModelInfo(
@@ -153,15 +156,28 @@ class Engine:
 
     async def generate(self, prompt: PromptInput, sampling: Sampling, request_id: str) -> AsyncIterator[Delta | Result]:
         """Stream deltas, then one :class:`Result`. Closing the iterator aborts the request."""
+        started = time.perf_counter()
+        self._check_alive()
+        # Claim the id before the first await: two calls arriving together
+        # with the same id must not both pass the check.
+        if request_id in self._claimed_ids:
+            raise InvalidArgument("request_id", f"{request_id!r} is already in flight; use a unique id")
+        self._claimed_ids.add(request_id)
+        try:
+            # aclosing: closing this stream must close the engine request now.
+            async with aclosing(self._admitted_generate(prompt, sampling, request_id, started)) as events:
+                async for event in events:
+                    yield event
+        finally:
+            self._claimed_ids.discard(request_id)
+
+    async def _admitted_generate(self, prompt: PromptInput, sampling: Sampling, request_id: str,
+                                 started: float) -> AsyncIterator[Delta | Result]:
         from vllm import SamplingParams
         from vllm.renderers.inputs.preprocess import parse_model_prompt
         from vllm.sampling_params import RequestOutputKind
         from vllm.v1.engine.exceptions import EngineDeadError
 
-        started = time.perf_counter()
-        self._check_alive()
-        if request_id in self._in_flight:
-            raise InvalidArgument("request_id", f"{request_id!r} is already in flight; use a unique id")
         token_ids = await self.tokenize(prompt)
         check_fits_context(len(token_ids), sampling, self.limits)
         self._check_capacity()

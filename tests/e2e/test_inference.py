@@ -121,10 +121,12 @@ async def test_cancel_mid_stream_frees_the_engine_and_stops_computing(stub, prob
     call = stub.Generate(pb.GenerateRequest(
         prompt="Count forever.", sampling=pb.SamplingParams(max_tokens=LONG, temperature=1.0, ignore_eos=True)
     ), timeout=60)
-    for _ in range(3):
-        await call.read()
-    busy = await probe.GetLoad(pb.GetLoadRequest(), timeout=2)
-    assert busy.running_requests + busy.waiting_requests >= 1
+    for _ in range(3):  # tokens arriving: the request is running
+        assert (await call.read()).token_ids
+    # No load probe here while the stream runs: on this 2-core machine a
+    # unary answer on another connection was seen to arrive only when a
+    # running stream ended (noted on issue 6), which would make the probe
+    # see an idle engine. The tokens read above prove it was running.
     call.cancel()
     cancelled_at = time.monotonic()
     await _wait_idle(probe, within_s=1.0)
@@ -144,19 +146,30 @@ async def test_deadline_aborts_the_engine_request(stub, probe):
     await _wait_idle(probe, within_s=1.0)
 
 
-@STALL
 async def test_caller_request_id_is_kept_and_must_be_unique(stub, probe):
     await _wait_idle(probe, within_s=15)  # a quiet engine, whatever ran before
-    first = stub.Generate(pb.GenerateRequest(
+    # Two calls with one id, sent together: whichever the server takes first
+    # claims the id before its first await, so the other is refused however
+    # fast or slow this machine is.
+    same_id = pb.GenerateRequest(
         request_id="caller-id-1", prompt="Hold on.", sampling=pb.SamplingParams(max_tokens=LONG, ignore_eos=True)
-    ), timeout=30)
-    await first.read()
-    with pytest.raises(grpc.aio.AioRpcError) as duplicate:
-        await _generate(probe, pb.GenerateRequest(request_id="caller-id-1", prompt="again"))
-    assert duplicate.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "already in flight" in duplicate.value.details()
-    first.cancel()
-    await _wait_idle(probe, within_s=1.0)
+    )
+    calls = [stub.Generate(same_id, timeout=30), stub.Generate(same_id, timeout=30)]
+
+    async def first_message(call):
+        try:
+            return await call.read()
+        except grpc.aio.AioRpcError as error:
+            return error
+
+    outcomes = await asyncio.gather(*(first_message(call) for call in calls))
+    refused = [o for o in outcomes if isinstance(o, grpc.aio.AioRpcError)]
+    assert len(refused) == 1, f"expected exactly one refusal, got {outcomes}"
+    assert refused[0].code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "already in flight" in refused[0].details()
+    for call in calls:
+        call.cancel()
+    await _wait_idle(probe, within_s=2.0)
     done = await _generate(stub, pb.GenerateRequest(request_id="caller-id-1", prompt="now", sampling=pb.SamplingParams(max_tokens=2)))
     assert done[-1].result.request_id == "caller-id-1"
 
