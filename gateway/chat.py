@@ -223,6 +223,8 @@ class ChatTurns:
         # Not "current" across the yields below: a context attached in an
         # async generator must not leak to the code between its messages.
         generation_span = _TRACER.start_span("generation")
+        if self.settings.trace_content:  # AGW_TRACE_CONTENT=1 only: prompts can hold personal data
+            generation_span.set_attribute("agw.chat.user_message", request.message)
         generation_context = trace.set_span_in_context(generation_span)
         try:
             while True:
@@ -258,6 +260,8 @@ class ChatTurns:
             generation_span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
             raise
         finally:
+            if self.settings.trace_content:
+                generation_span.set_attribute("agw.chat.answer", "".join(pieces))
             generation_span.end()
         timings.generation_ms = clock.ms(generation_started)
         answer = "".join(pieces)

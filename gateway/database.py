@@ -14,10 +14,13 @@ from contextlib import asynccontextmanager
 from importlib import resources
 
 import asyncpg
+from opentelemetry import trace
+from opentelemetry.instrumentation.asyncpg import AsyncPGInstrumentor
 
 from servicekit.errors import Unavailable
 
 log = logging.getLogger(__name__)
+tracer = trace.get_tracer("agent-gateway.database")
 
 #: Any constant shared by every process that migrates this schema.
 MIGRATION_LOCK_ID = 0x61677731  # "agw1"
@@ -99,8 +102,19 @@ class Database:
     @asynccontextmanager
     async def connection(self):
         try:
-            async with self.pool.acquire(timeout=self.acquire_timeout_s) as connection:
+            # The asyncpg instrumentation traces queries, not the wait for a
+            # pooled connection, which is where an undersized pool shows.
+            with tracer.start_as_current_span("postgres pool acquire", attributes={
+                "db.system.name": "postgresql",
+                "agw.db.pool.size": self.pool.get_size(),
+                "agw.db.pool.idle": self.pool.get_idle_size(),
+                "agw.db.pool.max": self.pool.get_max_size(),
+            }):
+                connection = await self.pool.acquire(timeout=self.acquire_timeout_s)
+            try:
                 yield connection
+            finally:
+                await self.pool.release(connection)
         except TimeoutError as exc:
             raise Unavailable(
                 f"no database connection free within {self.acquire_timeout_s:g}s "
@@ -132,6 +146,9 @@ async def open_database(url: str, *, min_size: int, max_size: int, acquire_timeo
                         command_timeout_s: float, statement_cache_size: int):
     """Create the pool (``min_size`` connections opened now), migrate, and close it on exit."""
     started = time.perf_counter()
+    instrumentor = AsyncPGInstrumentor()
+    if not instrumentor.is_instrumented_by_opentelemetry:
+        instrumentor.instrument()  # process-wide: a span per query, under the caller's span
     pool = await asyncpg.create_pool(
         url, min_size=min_size, max_size=max_size, command_timeout=command_timeout_s,
         # 0 under pgbouncer in transaction mode, where prepared statements

@@ -10,9 +10,10 @@ import asyncio
 import logging
 import os
 import time
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, ExitStack, asynccontextmanager
 
 import grpc
+from opentelemetry import trace
 
 from agent.gateway.v1 import gateway_pb2 as pb
 from agent.gateway.v1 import gateway_pb2_grpc
@@ -30,6 +31,7 @@ from gateway.settings import GatewaySettings
 from gateway.tenancy import physical_collection, tenant_of
 
 log = logging.getLogger(__name__)
+tracer = trace.get_tracer("agent-gateway.gateway")
 
 GATEWAY_SERVICE = pb.DESCRIPTOR.services_by_name["AgentGateway"]
 
@@ -111,7 +113,12 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
     async def Chat(self, request, context):
         clock = Clock(time.perf_counter())
         tenant = self._tenant(context)
-        with self.admission.admit():
+        with ExitStack() as slot:
+            with tracer.start_as_current_span("admission", attributes={
+                "agw.admission.in_flight": self.admission.in_flight,
+                "agw.admission.max_in_flight": self.admission.max_in_flight,
+            }):
+                slot.enter_context(self.admission.admit())  # held for the whole turn
             admitted_at = time.perf_counter()
             async for event in self.turns.run(tenant, request, context, admitted_at, clock):
                 yield event

