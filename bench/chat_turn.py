@@ -21,7 +21,8 @@ import statistics
 import time
 from pathlib import Path
 
-from harness import command_line, dev_pki, inference_process, print_table, retrieval_process, scratch_dir, summary, write_json
+from harness import (backend_processes, command_line, dev_pki, gateway_process, print_table, scratch_dir, summary,
+                     write_json)
 
 from agent.gateway.v1 import gateway_pb2 as pb
 from agent.gateway.v1 import gateway_pb2_grpc
@@ -29,7 +30,6 @@ from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from agent.retrieval.v1 import retrieval_pb2
 from retrieval.ingest import sample_corpus
 from servicekit import ChannelSpec, ClientTls, open_channel, wait_ready
-from servicekit.supervisor import ServiceProcess
 
 SYSTEM = "You are a helpful assistant. Answer from the context when it is relevant."
 QUESTIONS = ["How does the for statement work?", "What does with do?", "Explain try and except.",
@@ -129,22 +129,11 @@ def main() -> int:
     args = parser.parse_args()
     root = scratch_dir("chat")
     tls = dev_pki(root)
-    started = []
-    try:
-        inference = inference_process(root, tls, "inference", AGW_INFERENCE_KV_CACHE_GIB="2")
-        retrieval = retrieval_process(root, tls, "retrieval")
-        started += [inference, retrieval]
-        ports = {"inference": inference.wait_serving(), "retrieval": retrieval.wait_serving()}
-        gateway = ServiceProcess("gateway.main", root / "gateway", tls, "AGW_GATEWAY_", env={
-            "AGW_HOME": str(root / "home"), "AGW_LOG_LEVEL": "WARNING", "AGW_GATEWAY_WORKERS": "1",
-            "AGW_GATEWAY_INFERENCE_TARGET": f"127.0.0.1:{ports['inference']}",
-            "AGW_GATEWAY_RETRIEVAL_TARGET": f"127.0.0.1:{ports['retrieval']}"})
+    with backend_processes(root, tls) as (ports, started):
+        gateway = gateway_process(root, tls, "gateway", ports)
         started.append(gateway)
         ports["gateway"] = gateway.wait_serving()
         results = asyncio.run(run(ports, tls, args.turns))
-    finally:
-        for process in reversed(started):
-            process.stop()
 
     table, stats = [], {}
     for concurrency, rows in results.items():

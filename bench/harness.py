@@ -12,6 +12,7 @@ import statistics
 import sys
 import tempfile
 from collections.abc import Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -87,6 +88,35 @@ def inference_process(root: Path, tls_dir: Path, name: str, **env: str):
 def retrieval_process(root: Path, tls_dir: Path, name: str, **env: str):
     """The retrieval service (Qdrant Edge unless AGW_QDRANT_URL is set) as a child process."""
     return _service_process("retrieval.main", "AGW_RETRIEVAL_", root, tls_dir, name, env)
+
+
+@contextmanager
+def backend_processes(root: Path, tls_dir: Path, **env: str):
+    """Inference (2 GiB of KV cache) and retrieval as child processes, serving.
+
+    Yields ``(ports, started)``: add processes started later (gateways) to
+    ``started`` and they are stopped too, all in reverse order.
+    """
+    started = []
+    try:
+        inference = inference_process(root, tls_dir, "inference", AGW_INFERENCE_KV_CACHE_GIB="2", **env)
+        started.append(inference)
+        retrieval = retrieval_process(root, tls_dir, "retrieval", **env)
+        started.append(retrieval)
+        yield {"inference": inference.wait_serving(), "retrieval": retrieval.wait_serving()}, started
+    finally:
+        for process in reversed(started):
+            process.stop()
+
+
+def gateway_process(root: Path, tls_dir: Path, name: str, ports: dict[str, int], **env: str):
+    """One gateway worker on the backends in ``ports``, as a child process."""
+    return _service_process("gateway.main", "AGW_GATEWAY_", root, tls_dir, name, {
+        "AGW_GATEWAY_WORKERS": "1",
+        "AGW_GATEWAY_INFERENCE_TARGET": f"127.0.0.1:{ports['inference']}",
+        "AGW_GATEWAY_RETRIEVAL_TARGET": f"127.0.0.1:{ports['retrieval']}",
+        **env,
+    })
 
 
 def clustered_vectors(count: int, dim: int, seed: int = 0):

@@ -11,6 +11,10 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from servicekit.errors import ResourceExhausted
+from servicekit.metrics import meter
+
+_REJECTIONS = meter("gateway").create_counter(
+    "agw.admission.rejections", description="Calls refused at admission, by reason (capacity or backend).")
 
 
 class Admission:
@@ -30,6 +34,7 @@ class Admission:
         """Hold a slot for the body's duration, or raise ResourceExhausted now."""
         if self.in_flight >= self.max_in_flight:
             self.rejected += 1
+            _REJECTIONS.add(1, {"reason": "capacity"})
             raise ResourceExhausted(
                 f"gateway at capacity: {self.in_flight} streams in flight (AGW_GATEWAY_MAX_IN_FLIGHT="
                 f"{self.max_in_flight}); retry shortly or on another replica",
@@ -37,6 +42,7 @@ class Admission:
             )
         if self.backend_saturated:
             self.rejected += 1
+            _REJECTIONS.add(1, {"reason": "backend"})
             raise ResourceExhausted(self.backend_saturated, retry_after_s=self.retry_after_s * 4)
         self.in_flight += 1
         self.admitted += 1

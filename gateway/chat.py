@@ -30,6 +30,7 @@ from agent.gateway.v1 import gateway_pb2 as pb
 from agent.inference.v1 import inference_pb2
 from agent.retrieval.v1 import retrieval_pb2
 from servicekit.errors import InvalidArgument, NotFound, ResourceExhausted, ServiceError, Unavailable
+from servicekit.metrics import meter
 from servicekit.telemetry import trace_id_hex
 
 from gateway.backends import Backends
@@ -39,6 +40,13 @@ from gateway.settings import GatewaySettings
 from gateway.tenancy import physical_collection
 
 _TRACER = trace.get_tracer("agent-gateway.chat")
+_METER = meter("gateway")
+_FIRST_TOKEN = _METER.create_histogram(
+    "agw.chat.first_token", unit="ms", description="Time from the Chat call to its first token.")
+_STAGE = _METER.create_histogram(
+    "agw.chat.stage.duration", unit="ms", description="Chat stage latencies (admission, history, retrieval, "
+    "generation, persist, total), by stage.")
+_DEGRADED = _METER.create_counter("agw.chat.degraded", description="Turns answered degraded, by cause.")
 _ROLE = {"system": inference_pb2.ROLE_SYSTEM, "user": inference_pb2.ROLE_USER,
          "assistant": inference_pb2.ROLE_ASSISTANT, "tool": inference_pb2.ROLE_TOOL}
 
@@ -281,4 +289,14 @@ class ChatTurns:
             timings.persist_ms = clock.ms(persist_started)
         timings.total_ms = clock.ms()
         final.timings.CopyFrom(timings)
+        _record_turn(timings, degraded)
         yield pb.ChatResponse(final=final)
+
+
+def _record_turn(timings: pb.StageTimings, degraded: list[str]) -> None:
+    if timings.first_token_ms:
+        _FIRST_TOKEN.record(timings.first_token_ms)
+    for stage in ("admission", "history", "retrieval", "generation", "persist", "total"):
+        _STAGE.record(getattr(timings, f"{stage}_ms"), {"stage": stage})
+    for reason in degraded:
+        _DEGRADED.add(1, {"cause": "retrieval" if reason.startswith("no context") else "history_trimmed"})

@@ -34,7 +34,13 @@ def _supervise(settings: GatewaySettings) -> int:
         from gateway.database import embedded_postgres_url
 
         env["AGW_DATABASE_URL"] = asyncio.run(embedded_postgres_url(settings.embedded_postgres_dir))
-    children = [subprocess.Popen([sys.executable, "-m", "gateway.main"], env=env) for _ in range(workers)]
+    def worker_env(index: int) -> dict[str, str]:
+        # One Prometheus endpoint per worker: consecutive ports from the configured one.
+        if settings.metrics_port is None:
+            return env
+        return {**env, "AGW_GATEWAY_METRICS_PORT": str(settings.metrics_port + index)}
+
+    children = [subprocess.Popen([sys.executable, "-m", "gateway.main"], env=worker_env(i)) for i in range(workers)]
     log.info("gateway: %d workers on one port: %s", workers, [c.pid for c in children])
 
     def forward(signum, _frame):

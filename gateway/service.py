@@ -19,6 +19,7 @@ from agent.gateway.v1 import gateway_pb2 as pb
 from agent.gateway.v1 import gateway_pb2_grpc
 from agent.retrieval.v1 import retrieval_pb2
 from servicekit.errors import InvalidArgument, NotFound, ServiceError
+from servicekit.metrics import gauge, meter
 from servicekit.server import Health
 
 from gateway.admission import Admission
@@ -141,6 +142,20 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
         return pb.DeleteSessionResponse()
 
 
+def _observe(backends: Backends, database, admission: Admission) -> None:
+    """Gauges read at each scrape: channel load, the Postgres pool, admission."""
+    gateway_meter = meter("gateway")
+    gauge(gateway_meter, "agw.channel.in_flight", lambda: [
+        (pooled.stats.in_flight, {"backend": pool.name, "channel": pooled.index})
+        for pool in backends.pools for pooled in pool.channels
+    ], description="Calls in flight on each pooled backend channel.")
+    gauge(gateway_meter, "agw.db.pool.connections", lambda: [
+        (database.pool.get_size(), {"state": "open"}), (database.pool.get_idle_size(), {"state": "idle"}),
+    ], description="Postgres pool connections, open and idle.")
+    gauge(gateway_meter, "agw.admission.in_flight", lambda: [(admission.in_flight, {})],
+          description="Streams admitted and running in this worker.")
+
+
 class GatewayApp:
     """The gateway, as the servicekit bootstrap runs it."""
 
@@ -174,6 +189,7 @@ class GatewayApp:
             self.servicer.sessions = Sessions(database)
             backends = await stack.enter_async_context(open_backends(self.settings, self.admission))
             self.servicer.turns = ChatTurns(settings, backends, database)
+            _observe(backends, database, self.admission)
             # With AGW_GATEWAY_ON_BACKEND_DOWN=wait the gateway stays NOT_SERVING
             # (calls get UNAVAILABLE) until every backend reports SERVING.
             while not all(pool.serving for pool in backends.pools):

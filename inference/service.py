@@ -16,6 +16,7 @@ from opentelemetry import trace
 
 from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from servicekit.errors import Unavailable
+from servicekit.metrics import gauge, meter
 from servicekit.server import Health
 
 from inference.convert import (
@@ -143,6 +144,19 @@ def _record_result(span, result: Result, output: list[str] | None) -> None:
         span.set_attribute("gen_ai.output.messages", json.dumps([{"role": "assistant", "content": "".join(output)}]))
 
 
+def _observe(engine: Engine) -> None:
+    """Gauges read at each scrape: the engine's queue and KV cache."""
+    inference_meter = meter("inference")
+
+    def requests():
+        load = engine.load()
+        return [(load.running, {"state": "running"}), (load.waiting, {"state": "waiting"})]
+
+    gauge(inference_meter, "agw.engine.requests", requests, description="Engine requests running and waiting.")
+    gauge(inference_meter, "agw.engine.kv_cache.usage", lambda: [(engine.load().kv_cache_usage, {})],
+          description="Fraction of the KV cache in use (0-1).")
+
+
 class InferenceApp:
     """The inference service, as the servicekit bootstrap runs it."""
 
@@ -162,6 +176,7 @@ class InferenceApp:
             await health.set_serving(False)
 
         async with open_engine(self.settings, on_death=on_death) as engine:
+            _observe(engine)
             self.servicer.engine = engine
             try:
                 yield

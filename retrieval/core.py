@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -18,6 +19,7 @@ from google.rpc import error_details_pb2
 from opentelemetry import trace
 
 from servicekit.errors import InvalidArgument, ServiceError, Unavailable
+from servicekit.metrics import meter
 
 from retrieval.embedder import Embedder
 from retrieval.settings import RetrievalSettings
@@ -36,6 +38,8 @@ from retrieval.stores.base import (
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("agent-gateway.retrieval")
+_SEARCH = meter("retrieval").create_histogram(
+    "agw.retrieval.search.duration", unit="ms", description="Store query time per Search (embedding excluded).")
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
 RESERVED_PAYLOAD_KEYS = (DOC_ID_KEY, TEXT_KEY)
@@ -260,7 +264,9 @@ class RetrievalCore:
             "agw.search.exact": request.exact,
             "agw.search.payload_fields": list(query.payload_fields),
         }) as span:
+            started = time.perf_counter()
             hits = await self._store(self.store.search(request.collection, query))
+            _SEARCH.record((time.perf_counter() - started) * 1000, {"exact": request.exact})
             span.set_attribute("agw.search.returned", len(hits))
             # What the payloads weigh as JSON: the number the trimming exists to keep small.
             span.set_attribute("agw.search.payload_bytes", sum(len(json.dumps(h.payload, default=str)) for h in hits))

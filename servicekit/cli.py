@@ -90,6 +90,23 @@ def _retrieval_client(args: argparse.Namespace) -> int:
         return 1
 
 
+def _trace(args: argparse.Namespace) -> int:
+    from servicekit.tracefile import TRACE_FILE_ENV, read_trace, render_waterfall
+
+    path = args.file or os.environ.get(TRACE_FILE_ENV) or _shared_settings().home / "traces.jsonl"
+    if not Path(path).exists():
+        print(f"agentgw trace: no span file at {path}; run the services with {TRACE_FILE_ENV} set "
+              "(agentgw up sets it), or pass --file", file=sys.stderr)
+        return 2
+    spans = read_trace(Path(path), args.trace_id)
+    if not spans:
+        print(f"agentgw trace: no spans of trace {args.trace_id} in {path} (spans are written in batches: "
+              "wait a second and retry)", file=sys.stderr)
+        return 1
+    print(render_waterfall(spans))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentgw", description="agent-gateway: a low-latency gRPC gateway for agents")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -119,6 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("service", choices=sorted(SERVICES))
     serve.add_argument("--workers", type=int, help="gateway only: processes sharing the port (default: cores)")
     serve.set_defaults(func=_serve)
+
+    trace = commands.add_parser("trace", help="print a turn's spans as a waterfall, from the local span file")
+    trace.add_argument("trace_id", help="the trace id (as printed by agentgw chat; a prefix is enough)")
+    trace.add_argument("--file", type=Path, help="span file (default: $AGW_TRACE_FILE or $AGW_HOME/traces.jsonl)")
+    trace.set_defaults(func=_trace)
     return parser
 
 

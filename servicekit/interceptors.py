@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import time
 from collections.abc import Awaitable, Callable, Collection
 from contextlib import aclosing
 
@@ -19,10 +20,16 @@ from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
 from servicekit.errors import Internal, ServiceError, Unavailable, trailing_metadata
+from servicekit.metrics import meter
 from servicekit.telemetry import TRACE_ID_KEY, extract_context, trace_id_hex
 
 log = logging.getLogger(__name__)
 _TRACER = trace.get_tracer("agent-gateway.servicekit")
+_METER = meter("servicekit")
+_CALL_DURATION = _METER.create_histogram(
+    "rpc.server.duration", unit="ms", description="Server-side duration of each RPC, by method and status code.")
+_CALL_ERRORS = _METER.create_counter(
+    "agw.rpc.errors", description="RPCs that ended in an error, by method and status code.")
 
 #: Services answered even before the app is ready: probes must see NOT_SERVING,
 #: not UNAVAILABLE, and tools must be able to list services.
@@ -62,12 +69,19 @@ class _ServerSpan:
         self._token = otel_context.attach(trace.set_span_in_context(self.span, parent))
         self.trace_id = trace_id_hex(self.span)
         context.set_trailing_metadata(((TRACE_ID_KEY, self.trace_id),))
+        self._method = method
+        self._code = grpc.StatusCode.OK
+        self._started = time.perf_counter()
 
     def fail(self, code: grpc.StatusCode, message: str) -> None:
+        self._code = code
         self.span.set_attribute("rpc.grpc.status_code", code.value[0])
         self.span.set_status(Status(StatusCode.ERROR, f"{code.name}: {message}"))
+        _CALL_ERRORS.add(1, {"rpc.method": self._method, "rpc.grpc.status_code": code.name})
 
     def end(self) -> None:
+        _CALL_DURATION.record((time.perf_counter() - self._started) * 1000,
+                              {"rpc.method": self._method, "rpc.grpc.status_code": self._code.name})
         self.span.end()
         try:
             otel_context.detach(self._token)

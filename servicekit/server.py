@@ -32,6 +32,7 @@ from grpc_reflection.v1alpha import reflection
 
 from servicekit.interceptors import EdgeInterceptor, Readiness
 from servicekit.keepalive import GrpcOptions
+from servicekit.metrics import configure_metrics
 from servicekit.settings import ServiceSettings, SettingsError, load_settings
 from servicekit.telemetry import configure_tracing
 from servicekit.tls import ServerTls, TlsConfigError
@@ -236,6 +237,7 @@ def run(app: ServiceApp, settings: ServiceSettings, **kwargs) -> int:
     """Run ``app`` on uvloop until signalled; the process entry point of a service."""
     configure_logging(settings.log_level)
     provider = configure_tracing(app.name)
+    configure_metrics(app.name, settings.host, settings.metrics_port)
     try:
         return uvloop.run(serve_until_signalled(app, settings, **kwargs))
     finally:

@@ -65,6 +65,9 @@ class ServiceSettings(BaseSettings):
         16 * 1024 * 1024, "max_message_bytes", ge=64 * 1024, description="Largest gRPC message sent or received."
     )
     log_level: str = deployment_field("INFO", "log_level", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="Serve Prometheus metrics on this port (/metrics); unset: no metrics endpoint."
+    )
     trace_content: bool = deployment_field(
         False, "trace_content", description="Record prompt and output text on spans (AGW_TRACE_CONTENT=1); off by default."
     )

@@ -18,6 +18,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+from servicekit.tracefile import TRACE_FILE_ENV, JsonLinesSpanExporter
+
 log = logging.getLogger(__name__)
 
 TRACE_ID_KEY = "x-trace-id"
@@ -41,6 +43,9 @@ def configure_tracing(service: str, version: str = "0.1.0") -> TracerProvider:
         log.info("tracing: exporting spans over OTLP to %s", os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
     else:
         log.info("tracing: no OTEL_EXPORTER_OTLP_ENDPOINT, spans are not exported")
+    if trace_file := os.environ.get(TRACE_FILE_ENV):
+        provider.add_span_processor(BatchSpanProcessor(JsonLinesSpanExporter(trace_file)))
+        log.info("tracing: appending spans to %s (read them with: agentgw trace TRACE_ID)", trace_file)
     trace.set_tracer_provider(provider)
     return provider
 

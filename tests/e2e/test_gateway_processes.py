@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,14 +18,9 @@ from agent.retrieval.v1 import retrieval_pb2
 from servicekit.supervisor import ServiceProcess
 from tests.support.gateway_stack import gateway_server, gateway_stub
 from tests.support.retrieval_service import retrieval_server
+from tests.support.servers import free_port
 
 pytestmark = pytest.mark.e2e
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _ingest(documents=3) -> pb.IngestDocumentsRequest:

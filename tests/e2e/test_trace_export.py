@@ -8,9 +8,12 @@ Jaeger would receive.
 
 from __future__ import annotations
 
-import socket
+import asyncio
 import time
+import urllib.request
+from dataclasses import dataclass
 
+import grpc
 import pytest
 
 from agent.gateway.v1 import gateway_pb2 as pb
@@ -19,6 +22,7 @@ from retrieval.ingest import sample_corpus
 from servicekit.supervisor import ServiceProcess
 from tests.support.gateway_stack import gateway_stub
 from tests.support.retrieval_service import passage_documents
+from tests.support.servers import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -34,25 +38,33 @@ def _gateway_process(workdir, pki, inference_service, database_url, retrieval_po
     })
 
 
+@dataclass(frozen=True)
+class Endpoint:
+    port: int
+    metrics_port: int
+
+
 @pytest.fixture(scope="module")
-def retrieval_port(tmp_path_factory, pki, otlp):
+def retrieval(tmp_path_factory, pki, otlp):
     work = tmp_path_factory.mktemp("otlp-retrieval")
-    retrieval = ServiceProcess("retrieval.main", work, pki.root, "AGW_RETRIEVAL_",
-                               env={"AGW_HOME": str(work / "home"), **otlp.environment()})
+    metrics_port = free_port()
+    process = ServiceProcess("retrieval.main", work, pki.root, "AGW_RETRIEVAL_", env={
+        "AGW_HOME": str(work / "home"), "AGW_RETRIEVAL_METRICS_PORT": str(metrics_port), **otlp.environment()})
     try:
-        yield retrieval.wait_serving()
+        yield Endpoint(process.wait_serving(), metrics_port)
     finally:
-        retrieval.stop()
+        process.stop()
 
 
 @pytest.fixture(scope="module")
-def gateway_port(tmp_path_factory, pki, inference_service, database_url, otlp, retrieval_port):
-    gateway = _gateway_process(tmp_path_factory.mktemp("otlp-gateway"), pki, inference_service, database_url,
-                               retrieval_port, otlp.environment())
+def gateway(tmp_path_factory, pki, inference_service, database_url, otlp, retrieval):
+    metrics_port = free_port()
+    process = _gateway_process(tmp_path_factory.mktemp("otlp-gateway"), pki, inference_service, database_url,
+                               retrieval.port, {**otlp.environment(), "AGW_GATEWAY_METRICS_PORT": str(metrics_port)})
     try:
-        yield gateway.wait_serving()
+        yield Endpoint(process.wait_serving(), metrics_port)
     finally:
-        gateway.stop()
+        process.stop()
 
 
 def _ancestors(span, by_id):
@@ -69,8 +81,8 @@ def _complete(spans) -> bool:
             and any(s.name.startswith("chat ") for s in spans) and "persist" in names)
 
 
-async def test_a_turn_is_one_tree_across_three_processes(gateway_port, pki, otlp):
-    async with gateway_stub(gateway_port, pki.root) as stub:
+async def test_a_turn_is_one_tree_across_three_processes(gateway, pki, otlp):
+    async with gateway_stub(gateway.port, pki.root) as stub:
         await stub.IngestDocuments(pb.IngestDocumentsRequest(
             collection="kb", documents=passage_documents(sample_corpus(max_per_topic=1)[:12])), timeout=60)
         session = (await stub.CreateSession(pb.CreateSessionRequest(), timeout=5)).session.id
@@ -132,15 +144,9 @@ async def test_a_turn_is_one_tree_across_three_processes(gateway_port, pki, otlp
     assert queries and all("persist" in _ancestors(q, by_id) or "history" in _ancestors(q, by_id) for q in queries)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-async def test_turns_succeed_when_the_collector_is_down(tmp_path, pki, inference_service, database_url, retrieval_port):
-    nobody = f"http://127.0.0.1:{_free_port()}"  # nothing listens here
-    gateway = _gateway_process(tmp_path, pki, inference_service, database_url, retrieval_port, {
+async def test_turns_succeed_when_the_collector_is_down(tmp_path, pki, inference_service, database_url, retrieval):
+    nobody = f"http://127.0.0.1:{free_port()}"  # nothing listens here
+    gateway = _gateway_process(tmp_path, pki, inference_service, database_url, retrieval.port, {
         "OTEL_EXPORTER_OTLP_ENDPOINT": nobody, "OTEL_EXPORTER_OTLP_INSECURE": "true", "OTEL_BSP_SCHEDULE_DELAY": "100",
     })
     try:
@@ -158,3 +164,51 @@ async def test_turns_succeed_when_the_collector_is_down(tmp_path, pki, inference
         assert time.monotonic() - stopping < 15, "the gateway's shutdown waited on the dead collector"
     finally:
         gateway.stop(timeout=5)
+
+
+async def _scrape(port: int) -> dict[str, float]:
+    """Prometheus samples as {'name{labels}': value}."""
+    def fetch() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            return response.read().decode()
+
+    samples = {}
+    for line in (await asyncio.to_thread(fetch)).splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            samples[key] = float(value)
+    return samples
+
+
+def _total(samples: dict[str, float], name: str, *labels: str) -> float:
+    """Sum of the samples of ``name`` whose labels contain every one of ``labels``."""
+    return sum(v for k, v in samples.items() if k.split("{")[0] == name and all(label in k for label in labels))
+
+
+async def test_every_service_serves_prometheus_metrics(gateway, retrieval, inference_service, pki):
+    async with gateway_stub(gateway.port, pki.root) as stub:
+        events = [e async for e in stub.Chat(pb.ChatRequest(
+            message="What is a tuple?", retrieval=pb.RetrievalOptions(collection="kb", top_k=1),
+            generation=inference_pb2.SamplingParams(max_tokens=3)), timeout=60)]
+        assert events[-1].HasField("final")
+        with pytest.raises(grpc.aio.AioRpcError):
+            async for _ in stub.Chat(pb.ChatRequest(message=" "), timeout=10):
+                pass
+
+    gw = await _scrape(gateway.metrics_port)
+    assert _total(gw, "agw_chat_first_token_milliseconds_count") >= 1
+    assert _total(gw, "agw_chat_stage_duration_milliseconds_count", 'stage="retrieval"') >= 1
+    assert _total(gw, "agw_rpc_errors_total", 'rpc_grpc_status_code="INVALID_ARGUMENT"') >= 1
+    assert _total(gw, "rpc_server_duration_milliseconds_count", "Chat") >= 2
+    assert _total(gw, "agw_db_pool_connections", 'state="open"') >= 1
+    assert any(k.startswith("agw_channel_in_flight{") for k in gw)
+    assert "agw_admission_in_flight" in {k.split("{")[0] for k in gw}
+
+    found = await _scrape(retrieval.metrics_port)
+    assert _total(found, "agw_retrieval_search_duration_milliseconds_count") >= 1
+
+    engine = await _scrape(inference_service.metrics_port)
+    for state in ("running", "waiting"):
+        assert any(k.startswith("agw_engine_requests{") and f'state="{state}"' in k for k in engine), state
+    assert any(k.startswith("agw_engine_kv_cache_usage") for k in engine)
+    assert _total(engine, "rpc_server_duration_milliseconds_count", "Generate") >= 1

@@ -41,6 +41,7 @@ class InferenceService:
     port: int
     home: Path
     warmup: WarmupObservations
+    metrics_port: int | None = None
 
     @property
     def tls_dir(self) -> Path:
@@ -88,4 +89,6 @@ def start_inference_service(workdir: Path, tls_dir: Path, timeout: float = 240, 
     except BaseException:
         process.stop(timeout=5)
         raise
-    return InferenceService(process=process, port=port, home=home, warmup=observations)
+    metrics_port = env.get("AGW_INFERENCE_METRICS_PORT")
+    return InferenceService(process=process, port=port, home=home, warmup=observations,
+                            metrics_port=int(metrics_port) if metrics_port else None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -9,6 +10,13 @@ import grpc
 
 from servicekit import running_service
 from tests.support.scripted_inference import ScriptedApp, ScriptedSettings
+
+
+def free_port() -> int:
+    """A loopback port free now (for a process that must be told its port in advance)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 @asynccontextmanager

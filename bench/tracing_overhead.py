@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""What tracing adds to an agent turn: Chat with the gateway's tracing off, on, and on with content.
+
+One inference and one retrieval service (both exporting to a real OTLP
+receiver started here), and three gateway processes on them:
+- off: no OTEL_EXPORTER_OTLP_ENDPOINT (spans exist for the trace id, nothing is exported);
+- on: exporting to the receiver over OTLP/gRPC;
+- content: exporting, with AGW_TRACE_CONTENT=1 (prompt and answer on spans).
+Turns go round-robin over the three, so the machine's noise falls on all
+alike. Each turn: session history, retrieval, 16 generated tokens, persist.
+Reports first token and total, p50/p95/p99, and each mode's p50 against off.
+
+    python bench/tracing_overhead.py [--turns 60] [--json bench/out/tracing.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from pathlib import Path
+
+from harness import (backend_processes, command_line, dev_pki, gateway_process, print_table, scratch_dir, summary,
+                     write_json)
+
+from agent.gateway.v1 import gateway_pb2 as pb
+from agent.gateway.v1 import gateway_pb2_grpc
+from agent.inference.v1 import inference_pb2
+from retrieval.ingest import sample_corpus
+from servicekit import ChannelSpec, ClientTls, open_channel, wait_ready
+from tests.support.otlp_receiver import otlp_receiver
+from tests.support.retrieval_service import passage_documents
+
+MODES = ("off", "on", "content")
+QUESTIONS = ["How does the for statement work?", "What does with do?", "Explain try and except.",
+             "How are classes defined?", "What is a lambda?", "How do imports work?"]
+SAMPLING = inference_pb2.SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+
+
+async def turn(stub, session: str, question: str) -> dict:
+    started = time.perf_counter()
+    first = None
+    async for event in stub.Chat(pb.ChatRequest(
+            session_id=session, message=question, generation=SAMPLING,
+            retrieval=pb.RetrievalOptions(collection="docs", top_k=3)), timeout=60):
+        if event.WhichOneof("event") == "delta" and first is None:
+            first = (time.perf_counter() - started) * 1000
+    return {"ttft": first, "total": (time.perf_counter() - started) * 1000}
+
+
+async def run(ports: dict[str, int], tls: Path, turns: int) -> dict[str, list[dict]]:
+    channels = {mode: open_channel(ChannelSpec(target=f"127.0.0.1:{ports[mode]}", tls=ClientTls.from_dir(tls, "dev")))
+                for mode in MODES}
+    try:
+        stubs = {}
+        for mode, channel in channels.items():
+            await wait_ready(channel, timeout_s=30, target=mode)
+            stubs[mode] = gateway_pb2_grpc.AgentGatewayStub(channel)
+        await stubs["off"].IngestDocuments(pb.IngestDocumentsRequest(
+            collection="docs", documents=passage_documents(sample_corpus(max_per_topic=2)[:120])), timeout=300)
+        sessions = {mode: (await stub.CreateSession(pb.CreateSessionRequest(), timeout=5)).session.id
+                    for mode, stub in stubs.items()}
+        rows: dict[str, list[dict]] = {mode: [] for mode in MODES}
+        for index in range(turns + 3):
+            order = MODES[index % 3:] + MODES[:index % 3]  # who goes first rotates too
+            for mode in order:
+                result = await turn(stubs[mode], sessions[mode], QUESTIONS[index % len(QUESTIONS)])
+                if index >= 3:  # the first rounds warm every path
+                    rows[mode].append(result)
+        return rows
+    finally:
+        for channel in channels.values():
+            await channel.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=60, help="turns per mode")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    root = scratch_dir("tracing")
+    tls = dev_pki(root)
+    with otlp_receiver() as receiver:
+        exporting = receiver.environment()
+        with backend_processes(root, tls, **exporting) as (ports, started):
+            for mode in MODES:
+                env = dict(exporting) if mode != "off" else {}
+                if mode == "content":
+                    env["AGW_TRACE_CONTENT"] = "1"
+                gateway = gateway_process(root, tls, f"gateway-{mode}", ports, **env)
+                started.append(gateway)
+                ports[mode] = gateway.wait_serving()
+            rows = asyncio.run(run(ports, tls, args.turns))
+        exported = len(receiver.spans())
+
+    # A turn whose tokens all decode to empty text (the smoke model's random
+    # weights can do that) has no first-token time; it still counts for total.
+    stats = {mode: {"ttft": summary([r["ttft"] for r in rows[mode] if r["ttft"] is not None]),
+                    "total": summary([r["total"] for r in rows[mode]])}
+             for mode in MODES}
+    base = stats["off"]
+    table = [{"mode": mode, "turns": s["total"]["n"], "TTFT p50": s["ttft"]["p50"], "TTFT p99": s["ttft"]["p99"],
+              "total p50": s["total"]["p50"], "total p95": s["total"]["p95"], "total p99": s["total"]["p99"],
+              "p50 vs off": f"{(s['total']['p50'] / base['total']['p50'] - 1) * 100:+.1f}%"}
+             for mode, s in stats.items()]
+    print_table("Chat turn with the gateway's tracing off / on / on + content, ms (16 tokens, smoke model)", table,
+                ["mode", "turns", "TTFT p50", "TTFT p99", "total p50", "total p95", "total p99", "p50 vs off"])
+    print(f"spans received by the OTLP receiver: {exported} (goal: under 3% added at p50)")
+    print(f"command: {command_line()}")
+    write_json(args.json, {"stats": stats, "spans_exported": exported})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
