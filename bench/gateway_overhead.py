@@ -31,11 +31,11 @@ import time
 from pathlib import Path
 
 from harness import (
+    backend_processes,
     command_line,
     dev_pki,
-    inference_process,
+    gateway_process,
     print_table,
-    retrieval_process,
     scratch_dir,
     summary,
     write_json,
@@ -46,7 +46,6 @@ from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from agent.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from gateway.tenancy import physical_collection
 from servicekit import ChannelSpec, ClientTls, open_channel, wait_ready
-from servicekit.supervisor import ServiceProcess
 
 DIM = 384
 COLLECTION = "bench"
@@ -219,20 +218,10 @@ def main() -> int:
 
     root = scratch_dir("overhead")
     tls = dev_pki(root)
-    started: list = []
-    try:
-        inference = inference_process(root, tls, "inference", AGW_INFERENCE_KV_CACHE_GIB="2")
-        started.append(inference)
-        retrieval = retrieval_process(root, tls, "retrieval")
-        started.append(retrieval)
-        ports = {"inference": inference.wait_serving(), "retrieval": retrieval.wait_serving()}
+    with backend_processes(root, tls) as (ports, started):
         gateway_port = free_port()  # fixed: the workers share it
-        gateway = ServiceProcess("gateway.main", root / "gateway", tls, "AGW_GATEWAY_", env={
-            "AGW_LOG_LEVEL": "WARNING", "AGW_GATEWAY_WORKERS": str(args.workers), "AGW_GATEWAY_PORT": str(gateway_port),
-            "AGW_GATEWAY_INFERENCE_TARGET": f"127.0.0.1:{ports['inference']}",
-            "AGW_GATEWAY_RETRIEVAL_TARGET": f"127.0.0.1:{ports['retrieval']}",
-            "AGW_GATEWAY_MAX_IN_FLIGHT": "1024",
-        })
+        gateway = gateway_process(root, tls, "gateway", ports, AGW_GATEWAY_WORKERS=str(args.workers),
+                                  AGW_GATEWAY_PORT=str(gateway_port), AGW_GATEWAY_MAX_IN_FLIGHT="1024")
         started.append(gateway)
         gateway.wait_serving()
         envoy, envoy_port = start_envoy(root, tls, ports["retrieval"], ports["inference"])
@@ -242,9 +231,6 @@ def main() -> int:
         rows = asyncio.run(measure(tls, ports, args.requests, args.stream_requests, args.connections))
         envoy.terminate()
         envoy.wait()
-    finally:
-        for process in reversed(started):
-            process.stop()
 
     direct = {(r["kind"], r["concurrency"]): r for r in rows if r["path"] == "direct"}
     table = []

@@ -92,21 +92,27 @@ def retrieval_process(root: Path, tls_dir: Path, name: str, **env: str):
 
 @contextmanager
 def backend_processes(root: Path, tls_dir: Path, **env: str):
-    """Inference (2 GiB of KV cache) and retrieval as child processes, serving.
+    """Inference (2 GiB of KV cache), retrieval and a private Postgres, serving.
 
     Yields ``(ports, started)``: add processes started later (gateways) to
-    ``started`` and they are stopped too, all in reverse order.
+    ``started`` and they are stopped too, all in reverse order, Postgres last
+    (a gateway left to start its own embedded server would leave it running).
     """
+    import pgserver
+
     started = []
+    postgres = pgserver.get_server(root / "postgres", cleanup_mode="stop")
     try:
         inference = inference_process(root, tls_dir, "inference", AGW_INFERENCE_KV_CACHE_GIB="2", **env)
         started.append(inference)
         retrieval = retrieval_process(root, tls_dir, "retrieval", **env)
         started.append(retrieval)
-        yield {"inference": inference.wait_serving(), "retrieval": retrieval.wait_serving()}, started
+        yield {"inference": inference.wait_serving(), "retrieval": retrieval.wait_serving(),
+               "database_url": postgres.get_uri()}, started
     finally:
         for process in reversed(started):
             process.stop()
+        postgres.cleanup()
 
 
 def gateway_process(root: Path, tls_dir: Path, name: str, ports: dict[str, int], **env: str):
@@ -115,6 +121,7 @@ def gateway_process(root: Path, tls_dir: Path, name: str, ports: dict[str, int],
         "AGW_GATEWAY_WORKERS": "1",
         "AGW_GATEWAY_INFERENCE_TARGET": f"127.0.0.1:{ports['inference']}",
         "AGW_GATEWAY_RETRIEVAL_TARGET": f"127.0.0.1:{ports['retrieval']}",
+        "AGW_DATABASE_URL": ports["database_url"],
         **env,
     })
 

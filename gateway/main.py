@@ -26,7 +26,7 @@ log = logging.getLogger("gateway.main")
 
 def _supervise(settings: GatewaySettings) -> int:
     workers = settings.workers
-    env = {**os.environ, "AGW_GATEWAY_WORKERS": "1"}
+    env = dict(os.environ)
     if not settings.database_url:
         # Start the embedded server once, here, rather than racing N workers to it.
         import asyncio
@@ -35,10 +35,10 @@ def _supervise(settings: GatewaySettings) -> int:
 
         env["AGW_DATABASE_URL"] = asyncio.run(embedded_postgres_url(settings.embedded_postgres_dir))
     def worker_env(index: int) -> dict[str, str]:
-        # One Prometheus endpoint per worker: consecutive ports from the configured one.
-        if settings.metrics_port is None:
-            return env
-        return {**env, "AGW_GATEWAY_METRICS_PORT": str(settings.metrics_port + index)}
+        worker = {**env, "AGW_GATEWAY_WORKER_INDEX": str(index)}
+        if settings.metrics_port is not None:  # one Prometheus endpoint per worker, on consecutive ports
+            worker["AGW_GATEWAY_METRICS_PORT"] = str(settings.metrics_port + index)
+        return worker
 
     children = [subprocess.Popen([sys.executable, "-m", "gateway.main"], env=worker_env(i)) for i in range(workers)]
     log.info("gateway: %d workers on one port: %s", workers, [c.pid for c in children])
@@ -61,7 +61,7 @@ def main() -> int:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level)
-    if settings.workers > 1:
+    if settings.workers > 1 and settings.worker_index is None:
         if settings.port == 0:
             print("gateway: AGW_GATEWAY_WORKERS > 1 needs a fixed AGW_GATEWAY_PORT", file=sys.stderr)
             return 2

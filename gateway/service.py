@@ -106,9 +106,16 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
             )
             for pool in self.backends.pools
         ]
+        pool = self.sessions.database.pool
+        database = pb.DatabaseStats(
+            min_size=pool.get_min_size(), max_size=pool.get_max_size(), open=pool.get_size(),
+            idle=pool.get_idle_size(), acquire_timeout_ms=int(self.sessions.database.acquire_timeout_s * 1000),
+        )
         return pb.GetStatsResponse(
             backends=backends, in_flight=self.admission.in_flight, admitted=self.admission.admitted,
-            rejected=self.admission.rejected, worker_pid=os.getpid(),
+            rejected=self.admission.rejected, worker_pid=os.getpid(), database=database,
+            event_loop=type(asyncio.get_running_loop()).__module__.split(".")[0],
+            workers=self.settings.workers, cpu_count=os.cpu_count() or 0,
         )
 
     async def Chat(self, request, context):

@@ -18,6 +18,8 @@ class GatewaySettings(ServiceSettings):
     port: Port = 50051
     reuse_port: bool = Field(True, description="SO_REUSEPORT, so several worker processes share the port.")
     workers: int = Field(default_factory=lambda: os.cpu_count() or 1, gt=0, description="Processes on the port.")
+    worker_index: int | None = Field(
+        None, ge=0, description="Set by the supervisor in each worker it starts; not for operators.")
     insecure_dev: bool = deployment_field(
         False, "insecure_dev", description="Serve plaintext without client certificates (development only)."
     )

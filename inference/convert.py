@@ -123,6 +123,7 @@ def model_info_to_proto(info: ModelInfo) -> pb.GetModelInfoResponse:
         quantization=info.quantization,
         device=info.device,
         vocab_size=info.vocab_size,
+        kv_cache_tokens=info.kv_cache_tokens,
     )
 
 

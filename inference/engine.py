@@ -102,6 +102,7 @@ class Engine:
             quantization=config.model_config.quantization or "",
             device=device,
             vocab_size=len(tokenizer),
+            kv_cache_tokens=(config.cache_config.num_gpu_blocks or 0) * config.cache_config.block_size,
         )
         self.limits = Limits(
             max_context_tokens=self.info.max_context_tokens,

@@ -109,6 +109,7 @@ class ModelInfo:
     quantization: str
     device: str
     vocab_size: int
+    kv_cache_tokens: int = 0  # tokens the KV cache holds (blocks x block size); 0 if unknown
 
 
 @dataclass(frozen=True)

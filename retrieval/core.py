@@ -221,6 +221,12 @@ class RetrievalCore:
                 "top_k", f"must be between 1 and {self.settings.top_k_cap} (got {top_k}; cap: AGW_RETRIEVAL_TOP_K_CAP)"
             )
 
+    def _payload_fields(self, request: SearchInput, spec: CollectionSpec) -> tuple[str, ...] | None:
+        """What a hit carries: the fields asked for, else the collection's defaults (None: everything)."""
+        if request.payload_fields:
+            return tuple(dict.fromkeys(request.payload_fields))
+        return tuple(dict.fromkeys(spec.default_payload_fields)) if self.settings.trim_payloads else None
+
     async def search(self, request: SearchInput) -> SearchOutput:
         check_collection_name(request.collection)
         self.check_top_k(request.top_k)
@@ -250,7 +256,7 @@ class RetrievalCore:
         query = SearchQuery(
             vector=vector,
             limit=request.top_k,
-            payload_fields=tuple(dict.fromkeys(request.payload_fields or spec.default_payload_fields)),
+            payload_fields=self._payload_fields(request, spec),
             filter=request.filter,
             score_threshold=request.score_threshold,
             hnsw_ef=ef or None,
@@ -262,7 +268,7 @@ class RetrievalCore:
             "agw.search.top_k": request.top_k,
             "agw.search.hnsw_ef": ef,
             "agw.search.exact": request.exact,
-            "agw.search.payload_fields": list(query.payload_fields),
+            "agw.search.payload_fields": list(query.payload_fields) if query.payload_fields is not None else ["*"],
         }) as span:
             started = time.perf_counter()
             hits = await self._store(self.store.search(request.collection, query))

@@ -29,6 +29,9 @@ class RetrievalSettings(ServiceSettings):
     store_threads: int = Field(2, gt=0, description="Threads that run Qdrant Edge calls off the event loop.")
     upsert_chunk: int = Field(256, gt=0, description="Documents written per store call on upsert.")
     max_upsert_documents: int = Field(10_000, gt=0, description="Most documents in one Upsert request.")
+    trim_payloads: bool = Field(
+        True, description="A Search naming no payload fields gets the collection's defaults; false: whole payloads "
+        "(for debugging only: bytes and latency grow with the payload).")
     top_k_cap: int = Field(100, gt=0, description="Largest top_k a Search may ask for.")
     max_response_bytes: int = Field(
         1 << 20, ge=1024, description="Serialized Search response bound; results past it are cut and flagged."

@@ -107,6 +107,38 @@ def _trace(args: argparse.Namespace) -> int:
     return 0
 
 
+def _up(args: argparse.Namespace) -> int:
+    from servicekit.stack import up
+
+    try:
+        return up()
+    except KeyboardInterrupt:  # during start-up: the stack has already stopped what it started
+        print("\ninterrupted during start-up; everything started was stopped", file=sys.stderr)
+        return 130
+
+
+def _chat(args: argparse.Namespace) -> int:
+    from gateway import chat_client
+
+    return chat_client.main(args, _shared_settings().home)
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from servicekit.connection import Connection, NoConnection
+    from servicekit.doctor import Doctor, report
+
+    try:
+        connection = Connection.for_client(_shared_settings().home, args.target, args.tls_dir, args.identity)
+    except NoConnection as exc:
+        print(f"agentgw doctor: {exc}", file=sys.stderr)
+        return 2
+    text, worst = report(asyncio.run(Doctor(connection, args.collection or ["docs"]).run()))
+    print(text)
+    return int(worst)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentgw", description="agent-gateway: a low-latency gRPC gateway for agents")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -136,6 +168,22 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("service", choices=sorted(SERVICES))
     serve.add_argument("--workers", type=int, help="gateway only: processes sharing the port (default: cores)")
     serve.set_defaults(func=_serve)
+
+    up = commands.add_parser("up", help="run the whole stack locally (embedded Postgres, Qdrant Edge, smoke model)")
+    up.set_defaults(func=_up)
+
+    chat = commands.add_parser("chat", help="ask the running stack a question (or chat interactively)")
+    from gateway.chat_client import add_arguments as add_chat_arguments
+
+    add_chat_arguments(chat)
+    chat.set_defaults(func=_chat)
+
+    doctor = commands.add_parser("doctor", help="check a running stack against each latency root cause (exit 0/1/2)")
+    doctor.add_argument("--target", help="gateway address (default: from $AGW_HOME/connection.json)")
+    doctor.add_argument("--tls-dir", type=Path, help="TLS folder, with --target")
+    doctor.add_argument("--identity", default=DEFAULT_TENANT, help="client certificate (tenant), with --target")
+    doctor.add_argument("--collection", action="append", help="collection to check (repeatable; default docs)")
+    doctor.set_defaults(func=_doctor)
 
     trace = commands.add_parser("trace", help="print a turn's spans as a waterfall, from the local span file")
     trace.add_argument("trace_id", help="the trace id (as printed by agentgw chat; a prefix is enough)")

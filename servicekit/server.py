@@ -32,7 +32,7 @@ from grpc_reflection.v1alpha import reflection
 
 from servicekit.interceptors import EdgeInterceptor, Readiness
 from servicekit.keepalive import GrpcOptions
-from servicekit.metrics import configure_metrics
+from servicekit.metrics import configure_metrics, gauge, meter
 from servicekit.settings import ServiceSettings, SettingsError, load_settings
 from servicekit.telemetry import configure_tracing
 from servicekit.tls import ServerTls, TlsConfigError
@@ -149,6 +149,9 @@ async def running_service(
     else:
         port = server.add_secure_port(settings.listen_address, credentials)
     running = RunningService(port=port, server=server, health=health, grace_s=settings.grace_s)
+    loop_name = type(asyncio.get_running_loop()).__module__.split(".")[0]
+    gauge(meter("servicekit"), "agw.process.info", lambda: [(1, {"service": app.name, "event_loop": loop_name})],
+          description="Always 1; its labels say which service and event loop (uvloop or asyncio) this process runs.")
     async with AsyncExitStack() as stack:
         stack.push_async_callback(server.stop, None)  # last: whatever happened, stop
         await server.start()

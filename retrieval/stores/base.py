@@ -122,7 +122,7 @@ class StoredPoint:
 class SearchQuery:
     vector: Sequence[float]
     limit: int
-    payload_fields: tuple[str, ...]
+    payload_fields: tuple[str, ...] | None  # None: the whole payload
     filter: PayloadFilter = field(default_factory=PayloadFilter)
     score_threshold: float | None = None
     hnsw_ef: int | None = None

@@ -151,7 +151,8 @@ class EdgeStore:
             filter=edge_filter(query.filter),
             params=qe.SearchParams(hnsw_ef=query.hnsw_ef, exact=query.exact),
             with_vector=False,
-            with_payload=qe.PayloadSelector.Include([DOC_ID_KEY, *query.payload_fields]),
+            with_payload=(qe.PayloadSelector.Exclude([]) if query.payload_fields is None
+                          else qe.PayloadSelector.Include([DOC_ID_KEY, *query.payload_fields])),
             score_threshold=query.score_threshold,
         )
         points = await self._run(collection.shard.search, request)

@@ -127,7 +127,8 @@ class ServerStore:
             query_filter=server_filter(query.filter),
             search_params=qm.SearchParams(hnsw_ef=query.hnsw_ef, exact=query.exact),
             limit=query.limit,
-            with_payload=qm.PayloadSelectorInclude(include=[DOC_ID_KEY, *query.payload_fields]),
+            with_payload=(True if query.payload_fields is None
+                          else qm.PayloadSelectorInclude(include=[DOC_ID_KEY, *query.payload_fields])),
             with_vectors=False,
             score_threshold=query.score_threshold,
             timeout=self._timeout,

@@ -134,6 +134,22 @@ async def test_large_results_are_cut_to_the_response_bound(tmp_path, pki):
     assert response.ByteSize() <= 4096
 
 
+async def test_untrimmed_payloads_only_when_switched_off(tmp_path, pki):
+    """AGW_RETRIEVAL_TRIM_PAYLOADS=0 (debugging) returns whole payloads to a Search naming no fields."""
+    passages = sample_corpus(max_per_topic=1)[:10]
+    for trim, wanted in ((True, lambda keys: keys == {"text"}),
+                         (False, lambda keys: keys >= {"text", "topic", "index", "source"})):
+        async with retrieval_server(tmp_path / str(trim), pki.root, trim_payloads=trim) as (running, _):
+            async with retrieval_stub(running.port, pki.root) as stub:
+                await stub.CreateCollection(pb.CreateCollectionRequest(collection=pb.Collection(name="c")), timeout=10)
+                await stub.Upsert(pb.UpsertRequest(collection="c", documents=passage_documents(passages)), timeout=60)
+                found = await stub.Search(pb.SearchRequest(collection="c", text="statements", top_k=3), timeout=10)
+                assert found.results and all(wanted(set(r.payload.keys())) for r in found.results), trim
+                named = await stub.Search(pb.SearchRequest(
+                    collection="c", text="statements", top_k=3, payload_fields=["topic"]), timeout=10)
+                assert all(set(r.payload.keys()) == {"topic"} for r in named.results)
+
+
 def _bad(code, needle):
     return code, needle
 

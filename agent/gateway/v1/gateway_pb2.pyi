@@ -270,15 +270,37 @@ class BackendStats(_message.Message):
     def __init__(self, name: _Optional[str] = ..., target: _Optional[str] = ..., serving: _Optional[bool] = ..., channels: _Optional[_Iterable[_Union[ChannelStats, _Mapping]]] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("backends", "in_flight", "admitted", "rejected", "worker_pid")
+    __slots__ = ("backends", "in_flight", "admitted", "rejected", "worker_pid", "database", "event_loop", "workers", "cpu_count")
     BACKENDS_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     ADMITTED_FIELD_NUMBER: _ClassVar[int]
     REJECTED_FIELD_NUMBER: _ClassVar[int]
     WORKER_PID_FIELD_NUMBER: _ClassVar[int]
+    DATABASE_FIELD_NUMBER: _ClassVar[int]
+    EVENT_LOOP_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    CPU_COUNT_FIELD_NUMBER: _ClassVar[int]
     backends: _containers.RepeatedCompositeFieldContainer[BackendStats]
     in_flight: int
     admitted: int
     rejected: int
     worker_pid: int
-    def __init__(self, backends: _Optional[_Iterable[_Union[BackendStats, _Mapping]]] = ..., in_flight: _Optional[int] = ..., admitted: _Optional[int] = ..., rejected: _Optional[int] = ..., worker_pid: _Optional[int] = ...) -> None: ...
+    database: DatabaseStats
+    event_loop: str
+    workers: int
+    cpu_count: int
+    def __init__(self, backends: _Optional[_Iterable[_Union[BackendStats, _Mapping]]] = ..., in_flight: _Optional[int] = ..., admitted: _Optional[int] = ..., rejected: _Optional[int] = ..., worker_pid: _Optional[int] = ..., database: _Optional[_Union[DatabaseStats, _Mapping]] = ..., event_loop: _Optional[str] = ..., workers: _Optional[int] = ..., cpu_count: _Optional[int] = ...) -> None: ...
+
+class DatabaseStats(_message.Message):
+    __slots__ = ("min_size", "max_size", "open", "idle", "acquire_timeout_ms")
+    MIN_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_SIZE_FIELD_NUMBER: _ClassVar[int]
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    IDLE_FIELD_NUMBER: _ClassVar[int]
+    ACQUIRE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    min_size: int
+    max_size: int
+    open: int
+    idle: int
+    acquire_timeout_ms: int
+    def __init__(self, min_size: _Optional[int] = ..., max_size: _Optional[int] = ..., open: _Optional[int] = ..., idle: _Optional[int] = ..., acquire_timeout_ms: _Optional[int] = ...) -> None: ...

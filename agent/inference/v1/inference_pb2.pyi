@@ -150,7 +150,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("model", "max_context_tokens", "dtype", "block_size", "prefix_caching", "chunked_prefill", "max_num_seqs", "max_num_batched_tokens", "quantization", "device", "vocab_size")
+    __slots__ = ("model", "max_context_tokens", "dtype", "block_size", "prefix_caching", "chunked_prefill", "max_num_seqs", "max_num_batched_tokens", "quantization", "device", "vocab_size", "kv_cache_tokens")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -162,6 +162,7 @@ class GetModelInfoResponse(_message.Message):
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     model: str
     max_context_tokens: int
     dtype: str
@@ -173,7 +174,8 @@ class GetModelInfoResponse(_message.Message):
     quantization: str
     device: str
     vocab_size: int
-    def __init__(self, model: _Optional[str] = ..., max_context_tokens: _Optional[int] = ..., dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., prefix_caching: _Optional[bool] = ..., chunked_prefill: _Optional[bool] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., quantization: _Optional[str] = ..., device: _Optional[str] = ..., vocab_size: _Optional[int] = ...) -> None: ...
+    kv_cache_tokens: int
+    def __init__(self, model: _Optional[str] = ..., max_context_tokens: _Optional[int] = ..., dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., prefix_caching: _Optional[bool] = ..., chunked_prefill: _Optional[bool] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., quantization: _Optional[str] = ..., device: _Optional[str] = ..., vocab_size: _Optional[int] = ..., kv_cache_tokens: _Optional[int] = ...) -> None: ...
 
 class GetLoadRequest(_message.Message):
     __slots__ = ()

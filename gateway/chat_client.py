@@ -1,0 +1,127 @@
+"""``agentgw chat``: a real mTLS client of ``AgentGateway.Chat``, for one question or a conversation.
+
+Tokens print as they arrive, then the retrieved sources, one timing line and
+the trace id. ``--json`` prints every event as one JSON object per line
+instead, for scripts. Without a question it reads questions from the
+terminal (or stdin), all in one session, so later turns see earlier ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import grpc
+from google.protobuf.json_format import MessageToDict
+
+from agent.gateway.v1 import gateway_pb2 as pb
+from agent.gateway.v1 import gateway_pb2_grpc
+from agent.inference.v1 import inference_pb2
+from servicekit.channels import wait_ready
+from servicekit.connection import Connection, NoConnection
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("question", nargs="?", help="ask this and exit (default: read questions interactively)")
+    parser.add_argument("--json", action="store_true", help="print raw events as JSON lines")
+    parser.add_argument("--session", help="continue this session (default: a new one)")
+    parser.add_argument("--collection", default="docs", help="retrieve context from this collection (default docs)")
+    parser.add_argument("--no-retrieval", action="store_true", help="answer without retrieved context")
+    parser.add_argument("--top-k", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--target", help="gateway address (default: from $AGW_HOME/connection.json)")
+    parser.add_argument("--tls-dir", type=Path, help="TLS folder with ca.pem and the client certificate")
+    parser.add_argument("--identity", default="dev", help="client certificate (tenant) to use, with --target")
+    parser.add_argument("--timeout", type=float, default=120.0, help="deadline per turn, in seconds")
+
+
+def timing_line(final: pb.TurnSummary) -> str:
+    t, usage = final.timings, final.usage
+    line = (f"history {t.history_ms:.1f} ms | retrieval {t.retrieval_ms:.1f} ms | first token {t.first_token_ms:.1f} ms"
+            f" | total {t.total_ms:.1f} ms | cached {usage.cached_prompt_tokens}/{usage.prompt_tokens} prompt tokens")
+    return line + (f" | DEGRADED: {final.degraded_reason}" if final.degraded else "")
+
+
+class ChatClient:
+    def __init__(self, stub: gateway_pb2_grpc.AgentGatewayStub, args: argparse.Namespace, out=sys.stdout) -> None:
+        self.stub = stub
+        self.args = args
+        self.out = out
+        self.session = args.session or ""
+
+    def _request(self, question: str) -> pb.ChatRequest:
+        request = pb.ChatRequest(session_id=self.session, message=question,
+                                 generation=inference_pb2.SamplingParams(max_tokens=self.args.max_tokens))
+        if not self.args.no_retrieval:
+            request.retrieval.CopyFrom(pb.RetrievalOptions(
+                collection=self.args.collection, top_k=self.args.top_k, payload_fields=["text", "source"]))
+        return request
+
+    async def turn(self, question: str) -> pb.TurnSummary | None:
+        if not self.session:
+            self.session = (await self.stub.CreateSession(pb.CreateSessionRequest(), timeout=10)).session.id
+        final, sources = None, []
+        async for event in self.stub.Chat(self._request(question), timeout=self.args.timeout):
+            if self.args.json:
+                print(json.dumps(MessageToDict(event)), file=self.out, flush=True)
+            kind = event.WhichOneof("event")
+            if kind == "delta" and not self.args.json:
+                print(event.delta.text, end="", file=self.out, flush=True)
+            elif kind == "context":
+                sources = list(event.context.documents)
+            elif kind == "final":
+                final = event.final
+        if not self.args.json and final is not None:
+            print(file=self.out)
+            for index, document in enumerate(sources, 1):
+                source = document.payload["source"] if "source" in document.payload else ""
+                print(f"  [{index}] {document.id} (score {document.score:.3f}) {source}", file=self.out)
+            print(timing_line(final), file=self.out)
+            print(f"trace {final.trace_id}  (agentgw trace {final.trace_id}, or Jaeger: "
+                  f"http://localhost:16686/trace/{final.trace_id})", file=self.out, flush=True)
+        return final
+
+
+def _questions(args: argparse.Namespace):
+    if args.question:
+        yield args.question
+        return
+    interactive = sys.stdin.isatty()
+    while True:
+        try:
+            line = input("you> ") if interactive else sys.stdin.readline()
+        except EOFError:
+            return
+        if not interactive and not line:
+            return
+        if line.strip():
+            yield line.strip()
+
+
+async def _run(args: argparse.Namespace, connection: Connection) -> int:
+    async with connection.gateway_channel() as channel:
+        await wait_ready(channel, timeout_s=10, target=connection.gateway)
+        client = ChatClient(gateway_pb2_grpc.AgentGatewayStub(channel), args)
+        for question in _questions(args):
+            await client.turn(question)
+    return 0
+
+
+def main(args: argparse.Namespace, home: Path) -> int:
+    try:
+        connection = Connection.for_client(home, args.target, args.tls_dir, args.identity)
+        return asyncio.run(_run(args, connection))
+    except NoConnection as exc:
+        print(f"agentgw chat: {exc}", file=sys.stderr)
+        return 2
+    except grpc.RpcError as exc:
+        print(f"agentgw chat: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+    except (ConnectionError, OSError, TimeoutError) as exc:
+        print(f"agentgw chat: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

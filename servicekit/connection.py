@@ -1,0 +1,84 @@
+"""The connection file: how clients on this machine reach a stack that ``agentgw up`` started.
+
+``$AGW_HOME/connection.json`` holds the addresses, the TLS folder and the
+metrics ports, so ``agentgw chat`` and ``agentgw doctor`` need no flags.
+It is written once every service is SERVING and removed when the stack stops.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from servicekit.channels import ChannelSpec, open_channel
+from servicekit.pki import DEFAULT_TENANT, GATEWAY_IDENTITY
+from servicekit.tls import ClientTls
+
+FILE_NAME = "connection.json"
+
+
+class NoConnection(Exception):
+    """No stack is known: no connection file and no explicit target."""
+
+
+@dataclass(frozen=True)
+class MetricsPorts:
+    gateway: int | None = None
+    retrieval: int | None = None
+    inference: int | None = None
+
+
+@dataclass(frozen=True)
+class Connection:
+    gateway: str
+    tls_dir: str
+    retrieval: str = ""
+    inference: str = ""
+    identity: str = DEFAULT_TENANT
+    metrics: MetricsPorts = field(default_factory=MetricsPorts)
+    trace_file: str = ""
+    pids: dict[str, int] = field(default_factory=dict)
+
+    def write(self, home: Path) -> Path:
+        path = Path(home) / FILE_NAME
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        os.replace(tmp, path)  # readers never see half a file
+        return path
+
+    @classmethod
+    def read(cls, home: Path) -> Connection:
+        path = Path(home) / FILE_NAME
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise NoConnection(
+                f"no running stack found: {path} does not exist. Start one with 'agentgw up' "
+                "(same AGW_HOME), or pass --target and --tls-dir") from None
+        data["metrics"] = MetricsPorts(**data.get("metrics", {}))
+        return cls(**data)
+
+    @classmethod
+    def for_client(cls, home: Path, target: str | None, tls_dir: Path | None, identity: str) -> Connection:
+        """An explicit ``--target``/``--tls-dir``, else the connection file under ``home``."""
+        if not target:
+            return cls.read(home)
+        if not tls_dir:
+            raise NoConnection("--target needs --tls-dir (the folder with ca.pem and the client certificate)")
+        return cls(gateway=target, tls_dir=str(tls_dir), identity=identity)
+
+    def _channel(self, target: str, identity: str):
+        return open_channel(ChannelSpec(target=target, tls=ClientTls.from_dir(Path(self.tls_dir), identity)))
+
+    def gateway_channel(self):
+        """A channel to the gateway as this machine's tenant."""
+        return self._channel(self.gateway, self.identity)
+
+    def backend_channel(self, name: str):
+        """A channel to the retrieval or inference service, as the gateway identifies itself."""
+        target = {"retrieval": self.retrieval, "inference": self.inference}[name]
+        if not target:
+            raise NoConnection(f"the {name} service's address is unknown (connection made with --target)")
+        return self._channel(target, GATEWAY_IDENTITY)

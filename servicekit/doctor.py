@@ -1,0 +1,279 @@
+"""``agentgw doctor``: check a running stack against each known cause of slow agent turns.
+
+Every check measures something on the live stack and prints PASS, WARN or
+FAIL with the value it saw and, when not PASS, the fix. The exit status is
+the worst result (0 pass, 1 warn, 2 fail), so CI can gate on it.
+The root causes come from the analysis behind this project: no prefix-cache
+reuse, scheduler queueing, a TLS handshake per call, a cold tokenizer,
+blocking I/O on the event loop and oversized vector-search payloads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from enum import IntEnum
+from pathlib import Path
+
+import grpc
+
+from agent.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from agent.inference.v1 import inference_pb2, inference_pb2_grpc
+from agent.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
+from servicekit.connection import Connection
+from servicekit.pki import TlsLayout
+
+#: An agent turn's typical length (prompt with history and context, plus the answer).
+TYPICAL_SEQ_TOKENS = 2048
+#: Bytes per search result above which payloads are not trimmed (a text chunk plus a source is ~1 KB).
+PAYLOAD_WARN_BYTES = 2048
+PAYLOAD_FAIL_BYTES = 8192
+#: A shared prefix long enough to fill several KV blocks.
+PREFIX = "The doctor asks about a shared prefix so the second request can reuse its KV cache. " * 12
+
+
+class Status(IntEnum):
+    PASS = 0
+    WARN = 1
+    FAIL = 2
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: Status
+    measured: str
+    fix: str = ""
+
+    def line(self) -> str:
+        text = f"{self.status.name:<4}  {self.name:<34} {self.measured}"
+        return text + (f"\n      fix: {self.fix}" if self.status is not Status.PASS and self.fix else "")
+
+
+class Doctor:
+    def __init__(self, connection: Connection, collections: list[str]) -> None:
+        self.connection = connection
+        self.collections = collections
+
+    # -- inference ---------------------------------------------------------------
+
+    async def inference_checks(self) -> list[Check]:
+        async with self.connection.backend_channel("inference") as channel:
+            stub = inference_pb2_grpc.InferenceStub(channel)
+            info = await stub.GetModelInfo(inference_pb2.GetModelInfoRequest(), timeout=10)
+            checks = [Check(
+                "prefix caching on", Status.PASS if info.prefix_caching else Status.FAIL,
+                f"prefix_caching={info.prefix_caching}",
+                "unset AGW_INFERENCE_ENABLE_PREFIX_CACHING (on by default): without it every turn re-reads "
+                "the system prompt and history (first token 186 ms -> 47 ms in the analysis)")]
+
+            async def generate(suffix: str) -> inference_pb2.GenerationResult:
+                request = inference_pb2.GenerateRequest(
+                    prompt=PREFIX + suffix, sampling=inference_pb2.SamplingParams(max_tokens=1, temperature=0))
+                return [m async for m in stub.Generate(request, timeout=60)][-1].result
+
+            await generate(f" First {time.time_ns()}?")
+            second = await generate(f" Second {time.time_ns()}?")
+            cached = second.usage.cached_prompt_tokens
+            checks.append(Check(
+                "prefix cache hit on a repeated prefix", Status.PASS if cached > 0 else Status.FAIL,
+                f"{cached}/{second.usage.prompt_tokens} prompt tokens from cache",
+                "turn prefix caching on, and keep prompts prefix-stable (system prompt and history first)"))
+            checks.append(Check(
+                "chunked prefill", Status.PASS if info.chunked_prefill else Status.WARN,
+                f"chunked_prefill={info.chunked_prefill}",
+                "unset AGW_INFERENCE_ENABLE_CHUNKED_PREFILL: long prefills then stall every decode in the batch"))
+
+            timings = []
+            for _ in range(3):
+                started = time.perf_counter()
+                await stub.Tokenize(inference_pb2.TokenizeRequest(text=PREFIX), timeout=10)
+                timings.append((time.perf_counter() - started) * 1000)
+            cold = timings[0] > 5 * min(timings[1:]) + 20
+            checks.append(Check(
+                "tokenizer warm", Status.WARN if cold else Status.PASS,
+                f"first Tokenize {timings[0]:.1f} ms, later {min(timings[1:]):.1f} ms",
+                "the service warms its tokenizer before SERVING; a slow first call means it was restarted "
+                "without warm-up or the tokenizer runs on the event loop"))
+            # A full batch of typical sequences must fit the KV cache, or the
+            # scheduler preempts and requests queue (the analysis's scheduler cause).
+            per_seq = min(TYPICAL_SEQ_TOKENS, info.max_context_tokens)
+            needed = info.max_num_seqs * per_seq
+            fits = info.kv_cache_tokens == 0 or needed <= info.kv_cache_tokens
+            checks.append(Check(
+                "max_num_seqs against KV memory", Status.PASS if fits else Status.WARN,
+                f"max_num_seqs={info.max_num_seqs} x {per_seq} tokens = {needed} of {info.kv_cache_tokens} KV tokens"
+                f" on {info.device}",
+                "leave AGW_INFERENCE_MAX_NUM_SEQS unset so it is sized from KV-cache memory "
+                "(GPU: int(VRAM GiB x 12)), or give the cache more memory"))
+        return checks
+
+    # -- gateway -------------------------------------------------------------------
+
+    async def gateway_checks(self) -> list[Check]:
+        async with self.connection.gateway_channel() as channel:
+            stub = gateway_pb2_grpc.AgentGatewayStub(channel)
+            for _ in range(3):  # calls through the inference pool too, so reuse shows
+                async for _message in stub.Generate(gateway_pb2.GenerateRequest(request=inference_pb2.GenerateRequest(
+                        prompt="ping", sampling=inference_pb2.SamplingParams(max_tokens=1))), timeout=30):
+                    pass
+            stats = await stub.GetStats(gateway_pb2.GetStatsRequest(), timeout=10)
+        checks = []
+        for backend in stats.backends:
+            calls = sum(c.calls for c in backend.channels)
+            connects = sum(c.connections_ready for c in backend.channels)
+            reused = connects <= len(backend.channels) * 2
+            checks.append(Check(
+                f"channels reused ({backend.name})", Status.PASS if reused else Status.WARN,
+                f"{connects} connections for {calls} calls on {len(backend.channels)} channels",
+                "connections keep dropping: check keepalive settings (AGW_KEEPALIVE_TIME_S) against any proxy's "
+                "idle timeout, and the backend's health"))
+        db = stats.database
+        warm = db.open >= db.min_size > 0
+        checks.append(Check(
+            "Postgres pool warm, acquire bounded", Status.PASS if warm and db.acquire_timeout_ms else Status.WARN,
+            f"{db.open} open ({db.idle} idle), min {db.min_size}, max {db.max_size}, "
+            f"acquire timeout {db.acquire_timeout_ms} ms",
+            "set AGW_GATEWAY_DB_MIN_SIZE >= 1 so turns do not pay for a connection, and keep "
+            "AGW_GATEWAY_DB_ACQUIRE_TIMEOUT_S finite"))
+        checks.append(self._loop_check("gateway", stats.event_loop))
+        cores = stats.cpu_count or 1
+        checks.append(Check(
+            "gateway workers against cores", Status.PASS if 1 <= stats.workers <= cores else Status.WARN,
+            f"{stats.workers} workers on {cores} cores",
+            "AGW_GATEWAY_WORKERS: one Python process serves one core; more workers than cores only contend"))
+        return checks
+
+    @staticmethod
+    def _loop_check(service: str, loop: str) -> Check:
+        return Check(
+            f"uvloop ({service})", Status.PASS if loop == "uvloop" else Status.WARN if loop else Status.WARN,
+            f"event loop: {loop or 'unknown (no metrics endpoint)'}",
+            "run the service through its entry point (agentgw serve), which installs uvloop"
+            if loop else f"set AGW_{service.upper()}_METRICS_PORT so the doctor can read it")
+
+    def loop_checks_from_metrics(self) -> list[Check]:
+        checks = []
+        for service in ("retrieval", "inference"):
+            port = getattr(self.connection.metrics, service)
+            loop = ""
+            if port:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                        text = response.read().decode()
+                    for line in text.splitlines():
+                        if line.startswith("agw_process_info{") and 'event_loop="' in line:
+                            loop = line.split('event_loop="', 1)[1].split('"', 1)[0]
+                except OSError:
+                    loop = ""
+            checks.append(self._loop_check(service, loop))
+        return checks
+
+    # -- TLS -----------------------------------------------------------------------
+
+    def tls_checks(self) -> list[Check]:
+        layout = TlsLayout(Path(self.connection.tls_dir))
+        checks = []
+        for hop, address, identity in (("client -> gateway", self.connection.gateway, self.connection.identity),
+                                       ("gateway -> retrieval", self.connection.retrieval, "gateway"),
+                                       ("gateway -> inference", self.connection.inference, "gateway")):
+            if not address:
+                checks.append(Check(f"TLS 1.3 ({hop})", Status.WARN, "address unknown", "run against agentgw up's "
+                                    "connection file to check the backend hops"))
+                continue
+            context = ssl.create_default_context(cafile=str(layout.ca_cert))
+            context.load_cert_chain(str(layout.client_cert(identity)), str(layout.client_key(identity)))
+            context.set_alpn_protocols(["h2"])
+            context.check_hostname = False  # the dev certificates name "localhost"; the CA is what is checked
+            host, port = address.rsplit(":", 1)
+            try:
+                with socket.create_connection((host, int(port)), timeout=5) as raw:
+                    with context.wrap_socket(raw, server_hostname=host) as tls:
+                        version = tls.version() or "?"
+            except (OSError, ssl.SSLError) as exc:
+                checks.append(Check(f"TLS 1.3 ({hop})", Status.FAIL, f"handshake failed: {exc}",
+                                    "check the certificates in the TLS folder (agentgw certs)"))
+                continue
+            checks.append(Check(f"TLS 1.3 ({hop})", Status.PASS if version == "TLSv1.3" else Status.WARN,
+                                f"negotiated {version}; channels are long-lived, one handshake per connection",
+                                "upgrade OpenSSL/BoringSSL so TLS 1.3 is offered (one round trip less per handshake)"))
+        return checks
+
+    # -- retrieval -----------------------------------------------------------------
+
+    async def retrieval_checks(self) -> list[Check]:
+        from gateway.tenancy import physical_collection
+
+        checks = []
+        async with self.connection.gateway_channel() as gateway_channel, \
+                self.connection.backend_channel("retrieval") as retrieval_channel:
+            gateway = gateway_pb2_grpc.AgentGatewayStub(gateway_channel)
+            retrieval = retrieval_pb2_grpc.RetrievalStub(retrieval_channel)
+            for name in self.collections:
+                physical = physical_collection(self.connection.identity, name)
+                try:
+                    collection = (await retrieval.GetCollection(
+                        retrieval_pb2.GetCollectionRequest(name=physical), timeout=10)).collection
+                except grpc.aio.AioRpcError as exc:
+                    checks.append(Check(f"collection {name!r}", Status.WARN, f"{exc.code().name}: {exc.details()}",
+                                        "ingest it first (agentgw up ingests 'docs'), or pass --collection"))
+                    continue
+                found = (await gateway.Retrieve(gateway_pb2.RetrieveRequest(request=retrieval_pb2.SearchRequest(
+                    collection=name, text="How does the for statement work?", top_k=5)), timeout=30)).response
+                sizes = [len(hit.payload.SerializeToString()) for hit in found.results]
+                per_result = sum(sizes) / max(len(sizes), 1)
+                defaults = set(collection.default_payload_fields)
+                extra = sorted({key for hit in found.results for key in hit.payload.keys()} - defaults)
+                if extra:  # the service returns whole payloads: trimming is off
+                    status, fix = Status.FAIL, ("unset AGW_RETRIEVAL_TRIM_PAYLOADS (on by default): a Search naming no "
+                                                "fields must get only the collection's default_payload_fields")
+                else:
+                    status = (Status.FAIL if per_result > PAYLOAD_FAIL_BYTES else
+                              Status.WARN if per_result > PAYLOAD_WARN_BYTES else Status.PASS)
+                    fix = ("set the collection's default_payload_fields to what prompts use (text, source), or name "
+                           "payload_fields per request: untrimmed payloads cost bytes and milliseconds")
+                checks.append(Check(
+                    f"Search payloads trimmed ({name})", status,
+                    f"{per_result:.0f} bytes/result, default fields {sorted(defaults)}"
+                    + (f", also returned {extra}" if extra else ""), fix))
+                tuned = collection.tuned_ef > 0
+                checks.append(Check(
+                    f"hnsw_ef tuned ({name})", Status.PASS if tuned else Status.WARN,
+                    f"ef={collection.tuned_ef}, recall {collection.tuned_recall:.3f}" if tuned else "not tuned",
+                    f"agentgw tune-ef --collection {physical}: picks the smallest ef that meets the recall target"))
+        return checks
+
+    async def run(self) -> list[Check]:
+        checks: list[Check] = []
+        sections: list[tuple[str, Callable[[], Awaitable[list[Check]]]]] = [
+            # Retrieval before the gateway: its searches go through the
+            # gateway's pool, so the channel-reuse check sees real calls.
+            ("inference", self.inference_checks), ("retrieval", self.retrieval_checks),
+            ("gateway", self.gateway_checks),
+        ]
+        for name, section in sections:
+            if name != "gateway" and not getattr(self.connection, name):
+                checks.append(Check(f"{name} service", Status.WARN, "address unknown (--target given)",
+                                    "run on the machine of agentgw up, or without --target"))
+                continue
+            try:
+                checks += await section()
+            except (grpc.aio.AioRpcError, ConnectionError, OSError) as exc:
+                detail = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+                checks.append(Check(f"{name} reachable", Status.FAIL, detail, f"is the {name} service running?"))
+        checks += await asyncio.to_thread(self.tls_checks)
+        checks += await asyncio.to_thread(self.loop_checks_from_metrics)
+        return checks
+
+
+def report(checks: list[Check]) -> tuple[str, Status]:
+    worst = max((c.status for c in checks), default=Status.PASS)
+    counts = {s: sum(c.status is s for c in checks) for s in Status}
+    lines = [c.line() for c in checks]
+    lines.append(f"\n{counts[Status.PASS]} pass, {counts[Status.WARN]} warn, {counts[Status.FAIL]} fail")
+    return "\n".join(lines), worst

@@ -1,0 +1,213 @@
+"""``agentgw up``: the whole stack on one machine, on embedded defaults, no Docker.
+
+Starts, in order, each step timed and printed:
+1. dev certificates under ``$AGW_HOME/tls`` (kept when present);
+2. Postgres: ``AGW_DATABASE_URL``, or a private server from the pgserver wheel
+   (data in ``$AGW_HOME/postgres``, stopped again on exit);
+3. the model: ``AGW_MODEL``, or the offline smoke model, built once;
+4. retrieval (Qdrant Edge under ``$AGW_HOME`` unless ``AGW_QDRANT_URL``),
+   inference and the gateway, as child processes, each waited on until its
+   health check says SERVING;
+5. the sample corpus, ingested into collection ``docs`` (and its hnsw_ef
+   tuned) on the first run only.
+Then it writes the connection file that ``agentgw chat``/``doctor`` read, and
+waits. SIGINT or SIGTERM drains the services in reverse order, stops
+Postgres and removes the connection file. Each service logs to
+``$AGW_HOME/run/<service>/service.log``; spans go to ``$AGW_HOME/traces.jsonl``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import threading
+import time
+import warnings
+from contextlib import ExitStack, contextmanager
+
+from servicekit.connection import Connection, MetricsPorts
+from servicekit.pki import ensure_dev_pki
+from servicekit.settings import ServiceSettings, load_settings
+from servicekit.supervisor import ServiceProcess, ServiceStartError
+
+SAMPLE_COLLECTION = "docs"
+#: Prometheus ports, one per service, when AGW_*_METRICS_PORT is not set.
+DEFAULT_METRICS_PORTS = {"gateway": 9464, "retrieval": 9465, "inference": 9466}
+
+
+class Progress:
+    """One line per step: what it was and how long it took."""
+
+    def __init__(self, out=sys.stdout) -> None:
+        self.out = out
+
+    @contextmanager
+    def step(self, name: str):
+        started = time.perf_counter()
+        print(f"  {name} ...", end="", flush=True, file=self.out)
+        try:
+            yield
+        except BaseException:
+            print(" FAILED", flush=True, file=self.out)
+            raise
+        print(f" done in {time.perf_counter() - started:.1f} s", flush=True, file=self.out)
+
+
+@contextmanager
+def _postgres(settings: ServiceSettings, progress: Progress):
+    url = os.environ.get("AGW_DATABASE_URL")
+    if url:
+        with progress.step("Postgres (AGW_DATABASE_URL)"):
+            pass
+        yield url
+        return
+    data = settings.home / "postgres"
+    with progress.step(f"Postgres (embedded, data in {data})"):
+        data.mkdir(parents=True, exist_ok=True)
+        with warnings.catch_warnings():  # platformdirs complains about XDG_RUNTIME_DIR on servers
+            warnings.simplefilter("ignore")
+            import pgserver
+
+            # "stop": this command owns the server and stops it on exit, so
+            # nothing outlives Ctrl-C; the data stays for the next run.
+            server = pgserver.get_server(data, cleanup_mode="stop")
+    try:
+        yield server.get_uri()
+    finally:
+        server.cleanup()
+
+
+def _service(name: str, module: str, prefix: str, port: int, metrics_port: int, settings: ServiceSettings,
+             env: dict[str, str]) -> ServiceProcess:
+    return ServiceProcess(module, settings.home / "run" / name, settings.tls_dir, prefix, env={
+        "AGW_HOME": str(settings.home),
+        f"{prefix}PORT": str(port),
+        f"{prefix}METRICS_PORT": str(metrics_port),
+        "AGW_TRACE_FILE": str(settings.home / "traces.jsonl"),
+        # Spans reach the file (and a collector) within half a second, so a
+        # trace can be opened right after the answer.
+        "OTEL_BSP_SCHEDULE_DELAY": os.environ.get("OTEL_BSP_SCHEDULE_DELAY", "500"),
+        **env,
+    })
+
+
+def _ports(prefix: str, settings_cls) -> tuple[int, int]:
+    settings = load_settings(settings_cls)
+    name = prefix.removeprefix("AGW_").removesuffix("_").lower()
+    return settings.port, settings.metrics_port or DEFAULT_METRICS_PORTS[name]
+
+
+async def _ingest_sample(connection: Connection) -> int:
+    from google.protobuf import struct_pb2
+
+    from agent.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+    from agent.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
+    from gateway.tenancy import physical_collection
+    from retrieval.ingest import sample_corpus
+
+    documents = []
+    for passage in sample_corpus(max_per_topic=2):
+        payload = struct_pb2.Struct()
+        payload.update(passage.payload)
+        documents.append(retrieval_pb2.Document(id=passage.id, text=passage.text, payload=payload))
+    async with connection.gateway_channel() as channel:
+        await gateway_pb2_grpc.AgentGatewayStub(channel).IngestDocuments(
+            gateway_pb2.IngestDocumentsRequest(collection=SAMPLE_COLLECTION, documents=documents), timeout=300)
+    async with connection.backend_channel("retrieval") as channel:
+        await retrieval_pb2_grpc.RetrievalStub(channel).TuneCollection(retrieval_pb2.TuneCollectionRequest(
+            collection=physical_collection(connection.identity, SAMPLE_COLLECTION), target_recall=0.95, k=5),
+            timeout=300)
+    return len(documents)
+
+
+def _wait_for_signal() -> int:
+    """Block until SIGINT/SIGTERM; return its number."""
+    received = threading.Event()
+    caught = []
+
+    def handler(signum, _frame):
+        caught.append(signum)
+        received.set()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, handler)
+    while not received.wait(0.5):
+        pass
+    return caught[0]
+
+
+def up() -> int:
+    """Run the stack until interrupted; 0 after a clean stop, 1 if a service failed to start."""
+    from gateway.settings import GatewaySettings
+    from inference.settings import InferenceSettings
+    from inference.smoke_model import build_smoke_model
+    from retrieval.settings import RetrievalSettings
+
+    settings = load_settings(ServiceSettings)
+    progress = Progress()
+    print(f"agentgw up: everything under {settings.home.resolve()}")
+    with ExitStack() as stack:
+        try:
+            with progress.step(f"dev certificates ({settings.tls_dir})"):
+                ensure_dev_pki(settings.tls_dir)
+            database_url = stack.enter_context(_postgres(settings, progress))
+            inference_settings = load_settings(InferenceSettings)
+            if not inference_settings.model:
+                with progress.step("smoke model (offline, random weights)"):
+                    build_smoke_model(inference_settings.smoke_model_dir)
+
+            ports = {}
+            processes = {}
+            for name, module, prefix, settings_cls in (
+                ("retrieval", "retrieval.main", "AGW_RETRIEVAL_", RetrievalSettings),
+                ("inference", "inference.main", "AGW_INFERENCE_", InferenceSettings),
+            ):
+                ports[name] = _ports(prefix, settings_cls)
+                processes[name] = _service(name, module, prefix, *ports[name], settings, {})
+                stack.callback(processes[name].stop)
+            ports["gateway"] = _ports("AGW_GATEWAY_", GatewaySettings)
+            for name in ("retrieval", "inference"):  # both start together; wait in turn
+                with progress.step(f"{name} service on port {ports[name][0]}"):
+                    processes[name].wait_serving()
+            processes["gateway"] = _service("gateway", "gateway.main", "AGW_GATEWAY_", *ports["gateway"], settings, {
+                "AGW_GATEWAY_WORKERS": "1",
+                "AGW_DATABASE_URL": database_url,
+                "AGW_GATEWAY_INFERENCE_TARGET": f"127.0.0.1:{ports['inference'][0]}",
+                "AGW_GATEWAY_RETRIEVAL_TARGET": f"127.0.0.1:{ports['retrieval'][0]}",
+            })
+            stack.callback(processes["gateway"].stop)  # registered last: stopped first
+            with progress.step(f"gateway on port {ports['gateway'][0]}"):
+                processes["gateway"].wait_serving()
+        except ServiceStartError as exc:
+            print(f"\nagentgw up: a service failed to start: {exc}", file=sys.stderr)
+            return 1
+
+        connection = Connection(
+            gateway=f"127.0.0.1:{ports['gateway'][0]}",
+            retrieval=f"127.0.0.1:{ports['retrieval'][0]}",
+            inference=f"127.0.0.1:{ports['inference'][0]}",
+            tls_dir=str(settings.tls_dir.resolve()),
+            metrics=MetricsPorts(**{name: port[1] for name, port in ports.items()}),
+            trace_file=str((settings.home / "traces.jsonl").resolve()),
+            pids={name: process.pid for name, process in processes.items()},
+        )
+        marker = settings.home / f"sample-{SAMPLE_COLLECTION}.ingested"
+        if not marker.exists():
+            with progress.step(f"sample corpus into collection {SAMPLE_COLLECTION!r} (first run only)"):
+                count = asyncio.run(_ingest_sample(connection))
+            marker.write_text(f"{count}\n")
+        path = connection.write(settings.home)
+        stack.callback(path.unlink, missing_ok=True)
+        print(f"\nready: gateway at {connection.gateway} (mTLS, certificates in {connection.tls_dir})")
+        print(f"  connection file {path}")
+        print('  ask:     agentgw chat "What does the with statement do?"')
+        print("  check:   agentgw doctor")
+        print(f"  metrics: http://127.0.0.1:{connection.metrics.gateway}/metrics (gateway)")
+        print("Ctrl-C drains and stops everything.", flush=True)
+        signum = _wait_for_signal()
+        print(f"\n{signal.Signals(signum).name}: draining the gateway, then the backends", flush=True)
+    print("stopped.")
+    return 0
+

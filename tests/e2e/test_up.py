@@ -1,0 +1,171 @@
+"""`agentgw up` as a user runs it: a subprocess on a temporary AGW_HOME, then chat, doctor and Ctrl-C.
+
+Nothing is shared with the other tests: its own embedded Postgres (pgserver),
+its own Qdrant Edge folder, smoke model, certificates and inference engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.inference_service import TEST_ENGINE_ENV
+from tests.support.servers import free_port
+
+pytestmark = pytest.mark.e2e
+
+SERVICES = ("GATEWAY", "RETRIEVAL", "INFERENCE")
+
+
+class Up:
+    """`agentgw up` in a subprocess, its output read line by line on a thread."""
+
+    def __init__(self, home: Path, **env: str) -> None:
+        self.home = home
+        self.ports = {name: free_port() for name in SERVICES}
+        self.env = {key: value for key, value in os.environ.items()
+                    if not key.startswith(("AGW_", "OTEL_"))}  # nothing of the test session leaks in
+        self.env.update(TEST_ENGINE_ENV)
+        self.env["AGW_HOME"] = str(home)
+        for name, port in self.ports.items():
+            self.env[f"AGW_{name}_PORT"] = str(port)
+            self.env[f"AGW_{name}_METRICS_PORT"] = str(free_port())
+        self.env.update(env)
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.output: list[str] = []
+        self.process = subprocess.Popen([sys.executable, "-m", "servicekit.cli", "up"], env=self.env,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.put(line)
+
+    def wait_for(self, text: str, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=1)
+                self.output.append(line)
+                if text in line:
+                    return
+            except queue.Empty:
+                if self.process.poll() is not None:
+                    raise AssertionError(f"agentgw up exited {self.process.returncode}:\n{''.join(self.output)}")
+            assert time.monotonic() < deadline, f"no {text!r} after {timeout}s:\n{''.join(self.output)}"
+
+    def cli(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "servicekit.cli", *args], env=self.env,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def stop(self) -> int:
+        self.process.send_signal(signal.SIGINT)
+        code = self.process.wait(90)
+        while not self.lines.empty():
+            self.output.append(self.lines.get())
+        return code
+
+
+def _descendants(pid: int) -> set[int]:
+    found = set()
+    for path in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            for child in map(int, path.read_text().split()):
+                found |= {child, *_descendants(child)}
+        except OSError:
+            continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has exited; only its parent's wait is missing
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_up_answers_passes_the_doctor_and_stops_clean(tmp_path):
+    home = tmp_path / "home"
+    stack = Up(home)
+    try:
+        stack.wait_for("Ctrl-C drains and stops everything")
+        printed = "".join(stack.output)
+        for step in ("dev certificates", "Postgres (embedded", "smoke model", "retrieval service", "inference service",
+                     "gateway on port", "sample corpus"):
+            assert f"  {step}" in printed and "done in" in printed, step
+        connection = json.loads((home / "connection.json").read_text())
+        assert connection["gateway"] == f"127.0.0.1:{stack.ports['GATEWAY']}"
+
+        chat = stack.cli("chat", "--json", "--max-tokens", "4", "What does the with statement do?")
+        assert chat.returncode == 0, chat.stderr
+        events = [json.loads(line) for line in chat.stdout.splitlines()]
+        assert "context" in events[0] and events[0]["context"]["documents"]  # the sample corpus answered
+        assert any("delta" in e for e in events)
+        final = events[-1]["final"]
+        assert final["usage"]["completionTokens"] == 4 and len(final["traceId"]) == 32
+
+        doctor = stack.cli("doctor")
+        assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+        assert "0 warn, 0 fail" in doctor.stdout
+
+        processes = set()
+        for pid in connection["pids"].values():
+            processes |= {pid, *_descendants(pid)}
+        postmaster = int((home / "postgres" / "postmaster.pid").read_text().split()[0])
+        processes |= {postmaster, *_descendants(postmaster)}
+        assert len(processes) > 4  # the three services, vLLM's engine processes, Postgres
+    finally:
+        code = stack.stop()
+    assert code == 0, "".join(stack.output)
+    assert not [pid for pid in processes if _alive(pid)], "processes outlived agentgw up"
+    assert all(_free(port) for port in stack.ports.values())
+    assert not (home / "connection.json").exists()
+    assert not (home / "postgres" / "postmaster.pid").exists()  # no stale lock
+
+
+def test_a_second_up_reuses_the_data_and_the_doctor_names_what_is_off(tmp_path):
+    home = tmp_path / "home"
+    first = Up(home)
+    try:
+        first.wait_for("Ctrl-C drains and stops everything")
+        session = json.loads(first.cli("chat", "--json", "--max-tokens", "2", "Remember me.").stdout.splitlines()[-1])
+    finally:
+        assert first.stop() == 0
+
+    # Same data, but the two latency features this checks switched off.
+    second = Up(home, AGW_INFERENCE_ENABLE_PREFIX_CACHING="0", AGW_RETRIEVAL_TRIM_PAYLOADS="0")
+    try:
+        second.wait_for("Ctrl-C drains and stops everything")
+        assert "sample corpus" not in "".join(second.output)  # ingested once, kept
+        history = second.cli("chat", "--json", "--max-tokens", "2", "--session", session["final"]["sessionId"],
+                             "And now?")
+        assert history.returncode == 0, history.stderr  # the session survived the restart
+
+        doctor = second.cli("doctor")
+        assert doctor.returncode == 2, doctor.stdout
+        failed = [line for line in doctor.stdout.splitlines() if line.startswith("FAIL")]
+        assert any("prefix caching on" in line for line in failed), doctor.stdout
+        assert any("Search payloads trimmed" in line for line in failed), doctor.stdout
+        assert "AGW_INFERENCE_ENABLE_PREFIX_CACHING" in doctor.stdout and "AGW_RETRIEVAL_TRIM_PAYLOADS" in doctor.stdout
+    finally:
+        assert second.stop() == 0
