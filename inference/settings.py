@@ -21,8 +21,8 @@ class InferenceSettings(ServiceSettings):
     dtype: str = Field("auto", description="Weights' dtype: auto, float32, bfloat16 or float16.")
     quantization: str | None = Field(None, description="Passed to vLLM, e.g. fp8 for bandwidth-bound GPUs.")
     block_size: int | None = Field(None, gt=0, description="KV block size; default 16 on CUDA, 32 on CPU.")
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = Field(True, description="Reuse the KV cache of shared prompt prefixes (system prompt, history).")
+    enable_chunked_prefill: bool = Field(True, description="Split long prefills so they share engine steps with decodes.")
     max_model_len: int | None = Field(None, gt=0, description="Context length; default the model's own.")
     max_num_seqs: int | None = Field(None, gt=0, description="Batch limit; default from memory.")
     max_num_batched_tokens: int | None = Field(None, gt=0, description="Tokens per step; default vLLM's.")
@@ -39,7 +39,7 @@ class InferenceSettings(ServiceSettings):
     max_waiting: int = Field(64, ge=0, description="Requests queued beyond max_num_seqs before RESOURCE_EXHAUSTED.")
     default_max_tokens: int = Field(256, gt=0, description="max_tokens when a request sets none.")
     tokenizer_threads: int = Field(2, gt=0, description="Threads for tokenizing and chat templating off the loop.")
-    seed: int = 0
+    seed: int = Field(0, description="The engine's random seed (requests may set their own).")
     warmup: bool = Field(True, description="Warm tokenizer and engine before SERVING (off only to measure it).")
 
     @property

@@ -64,7 +64,9 @@ class ServiceSettings(BaseSettings):
     max_message_bytes: int = deployment_field(
         16 * 1024 * 1024, "max_message_bytes", ge=64 * 1024, description="Largest gRPC message sent or received."
     )
-    log_level: str = deployment_field("INFO", "log_level", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
+    log_level: str = deployment_field(
+        "INFO", "log_level", pattern="^(DEBUG|INFO|WARNING|ERROR)$", description="DEBUG, INFO, WARNING or ERROR."
+    )
     metrics_port: int | None = Field(
         None, ge=0, le=65535, description="Serve Prometheus metrics on this port (/metrics); unset: no metrics endpoint."
     )
@@ -97,6 +99,16 @@ class ServiceSettings(BaseSettings):
 def prefixed_config(service: str) -> SettingsConfigDict:
     """The pydantic config for a service's settings: its own ``AGW_<SERVICE>_`` prefix."""
     return SettingsConfigDict(env_prefix=f"{ENV_PREFIX}{service.upper()}_")
+
+
+def environment_names(cls: type[BaseSettings]) -> dict[str, str]:
+    """Each setting's environment variable, mapped to its field name (what docs and checks compare against)."""
+    prefix = cls.model_config.get("env_prefix", "")
+    names = {}
+    for name, field in cls.model_fields.items():
+        alias = field.validation_alias if isinstance(field.validation_alias, str) else None
+        names[alias or f"{prefix}{name}".upper()] = name
+    return names
 
 
 def load_settings(cls: type[S], **overrides: Any) -> S:

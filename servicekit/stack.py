@@ -138,6 +138,23 @@ def _wait_for_signal() -> int:
     return caught[0]
 
 
+def _interrupt_start_up() -> None:
+    """SIGINT/SIGTERM during start-up unwind it (stopping what started), once.
+
+    Installed explicitly because a shell script's background job inherits
+    SIGINT ignored, and Python's default SIGTERM would skip all clean-up.
+    """
+    interrupted = []
+
+    def handler(signum, _frame):
+        if not interrupted:  # a second signal must not break the unwinding
+            interrupted.append(signum)
+            raise KeyboardInterrupt
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, handler)
+
+
 def up() -> int:
     """Run the stack until interrupted; 0 after a clean stop, 1 if a service failed to start."""
     from gateway.settings import GatewaySettings
@@ -145,6 +162,7 @@ def up() -> int:
     from inference.smoke_model import build_smoke_model
     from retrieval.settings import RetrievalSettings
 
+    _interrupt_start_up()
     settings = load_settings(ServiceSettings)
     progress = Progress()
     print(f"agentgw up: everything under {settings.home.resolve()}")

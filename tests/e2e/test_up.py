@@ -68,6 +68,10 @@ class Up:
         return subprocess.run([sys.executable, "-m", "servicekit.cli", *args], env=self.env,
                               capture_output=True, text=True, timeout=timeout)
 
+    def healthcheck(self, port: int) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "servicekit.healthcheck", "--port", str(port)], env=self.env,
+                              capture_output=True, text=True, timeout=30)
+
     def stop(self) -> int:
         self.process.send_signal(signal.SIGINT)
         code = self.process.wait(90)
@@ -127,6 +131,8 @@ def test_up_answers_passes_the_doctor_and_stops_clean(tmp_path):
         doctor = stack.cli("doctor")
         assert doctor.returncode == 0, doctor.stdout + doctor.stderr
         assert "0 warn, 0 fail" in doctor.stdout
+        for port in stack.ports.values():  # the container health check, against each service
+            assert stack.healthcheck(port).returncode == 0
 
         processes = set()
         for pid in connection["pids"].values():
@@ -141,6 +147,8 @@ def test_up_answers_passes_the_doctor_and_stops_clean(tmp_path):
     assert all(_free(port) for port in stack.ports.values())
     assert not (home / "connection.json").exists()
     assert not (home / "postgres" / "postmaster.pid").exists()  # no stale lock
+    down = stack.healthcheck(stack.ports["GATEWAY"])
+    assert down.returncode == 1 and "UNAVAILABLE" in down.stderr
 
 
 def test_a_second_up_reuses_the_data_and_the_doctor_names_what_is_off(tmp_path):

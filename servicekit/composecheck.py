@@ -1,0 +1,197 @@
+"""Static checks of ``compose/docker-compose.yml`` against the code, for machines without Docker.
+
+``python -m servicekit.composecheck [FILE]`` prints one line per problem and
+exits 1 if there are any. What it holds the file to:
+- every service has a health check, and every image a pinned version;
+- ``depends_on`` waits on health (or on a one-shot's successful exit);
+- every ``AGW_*`` variable given to one of our services is a setting of that
+  service (so a renamed setting cannot leave a silently ignored variable);
+- each service listens on the port the file exposes, and every
+  ``*_TARGET``/URL names a service of the file on the port it listens on;
+- all our services read certificates from one path, mounted from the volume
+  the certificate job writes.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import yaml
+
+from servicekit.settings import environment_names
+
+#: ``agentgw serve NAME`` -> the service's settings class, by import path.
+SETTINGS = {
+    "gateway": "gateway.settings:GatewaySettings",
+    "retrieval": "retrieval.settings:RetrievalSettings",
+    "inference": "inference.settings:InferenceSettings",
+}
+#: Variables our code reads outside the Settings classes.
+EXTRA_VARIABLES = {"AGW_TRACE_FILE"}
+DEFAULT_FILE = Path(__file__).resolve().parents[1] / "compose" / "docker-compose.yml"
+
+
+def _settings_class(service: str):
+    module, name = SETTINGS[service].split(":")
+    return getattr(__import__(module, fromlist=[name]), name)
+
+
+def _environment(spec: dict) -> dict[str, str]:
+    env = spec.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {str(k): str(v) for k, v in env.items()}
+
+
+def _container_ports(spec: dict) -> set[int]:
+    ports = {int(str(p).split("/")[0]) for p in spec.get("expose", [])}
+    for mapping in spec.get("ports", []):
+        target = mapping.get("target") if isinstance(mapping, dict) else str(mapping).split(":")[-1]
+        ports.add(int(str(target).split("/")[0]))
+    return ports
+
+
+def _mounts(spec: dict) -> dict[str, str]:
+    """Container path -> volume (or host path)."""
+    mounts = {}
+    for volume in spec.get("volumes", []):
+        if isinstance(volume, dict):
+            mounts[volume["target"]] = volume.get("source", "")
+        else:
+            source, target = str(volume).split(":")[:2]
+            mounts[target] = source
+    return mounts
+
+
+def _served(spec: dict) -> str | None:
+    command = spec.get("command") or []
+    if isinstance(command, str):
+        command = command.split()
+    if len(command) >= 2 and command[0] == "serve" and command[1] in SETTINGS:
+        return command[1]
+    return None
+
+
+def _pinned(image: str) -> bool:
+    if "@sha256:" in image:
+        return True
+    name, _, tag = image.rpartition(":")
+    return bool(name) and "/" not in tag and tag not in ("", "latest") and any(c.isdigit() for c in tag)
+
+
+def check(compose: dict) -> list[str]:
+    """Every problem found in a parsed compose file; an empty list means it holds."""
+    problems: list[str] = []
+    services: dict[str, dict] = compose.get("services") or {}
+    listening: dict[str, int] = {}  # service -> the port its settings make it listen on
+    served = {name: _served(spec) for name, spec in services.items()}
+
+    for name, spec in services.items():
+        if not (spec.get("healthcheck") or {}).get("test"):
+            problems.append(f"{name}: no healthcheck")
+        image = spec.get("image")
+        if not image:
+            problems.append(f"{name}: no image (name and pin the image, even when it is built)")
+        elif not _pinned(image):
+            problems.append(f"{name}: image {image!r} is not pinned to a version")
+        depends = spec.get("depends_on") or {}
+        if isinstance(depends, list):
+            problems.append(f"{name}: depends_on must say condition: service_healthy (got a plain list)")
+            depends = {}
+        for dependency, condition in depends.items():
+            if dependency not in services:
+                problems.append(f"{name}: depends on unknown service {dependency!r}")
+            elif (condition or {}).get("condition") not in ("service_healthy", "service_completed_successfully"):
+                problems.append(f"{name}: depends_on {dependency} without condition service_healthy")
+
+        service = served[name]
+        if service is None:
+            continue
+        env = _environment(spec)
+        known = set(environment_names(_settings_class(service))) | EXTRA_VARIABLES
+        for variable in sorted(v for v in env if v.startswith("AGW_") and v not in known):
+            problems.append(f"{name}: {variable} is not a setting of the {service} service")
+        port_variable = f"AGW_{service.upper()}_PORT"
+        if port_variable not in env:
+            problems.append(f"{name}: {port_variable} not set (the port must be explicit)")
+        else:
+            listening[name] = int(env[port_variable])
+            if listening[name] not in _container_ports(spec):
+                problems.append(f"{name}: listens on {listening[name]} ({port_variable}) but exposes "
+                                f"{sorted(_container_ports(spec))}")
+        metrics = env.get(f"AGW_{service.upper()}_METRICS_PORT")
+        if metrics and int(metrics) not in _container_ports(spec):
+            problems.append(f"{name}: metrics port {metrics} is not exposed")
+
+    problems += _check_targets(services, served, listening)
+    problems += _check_certificates(services, served)
+    return problems
+
+
+def _check_targets(services: dict, served: dict, listening: dict) -> list[str]:
+    problems = []
+    for name, spec in services.items():
+        if served[name] is None:
+            continue
+        for variable, value in _environment(spec).items():
+            if not variable.startswith("AGW_"):
+                continue
+            if variable.endswith("_TARGET"):
+                host, _, port = value.rpartition(":")
+            elif variable.endswith("_URL") and "://" in value:
+                parts = urlsplit(re.sub(r"\$\{[^}]*\}", "x", value))  # ${PASSWORD:?...} interpolations
+                host, port = parts.hostname or "", str(parts.port or "")
+            else:
+                continue
+            if host not in services:
+                problems.append(f"{name}: {variable} names host {host!r}, not a service of this file")
+            elif host in listening and port and int(port) != listening[host]:
+                problems.append(f"{name}: {variable} uses port {port} but {host} listens on {listening[host]}")
+    return problems
+
+
+def _check_certificates(services: dict, served: dict) -> list[str]:
+    problems = []
+    ours = {name: spec for name, spec in services.items() if served[name]}
+    paths = {name: _environment(spec).get("AGW_TLS_DIR") for name, spec in ours.items()}
+    if len(set(paths.values())) > 1:
+        problems.append(f"services read certificates from different AGW_TLS_DIR paths: {paths}")
+    writers = {name: spec for name, spec in services.items()
+               if "certs" in (spec.get("command") or []) and "--dir" in spec.get("command")}
+    if not writers:
+        problems.append("no service runs 'agentgw certs --dir ...' to create the certificates")
+        return problems
+    for writer, spec in writers.items():
+        command = spec["command"]
+        path = command[command.index("--dir") + 1]
+        volume = _mounts(spec).get(path)
+        for name, tls_dir in paths.items():
+            if tls_dir != path:
+                problems.append(f"{name}: AGW_TLS_DIR={tls_dir} but {writer} writes certificates to {path}")
+            elif _mounts(ours[name]).get(tls_dir) != volume:
+                problems.append(f"{name}: {tls_dir} is not mounted from volume {volume!r}, where {writer} writes")
+            if writer not in (ours[name].get("depends_on") or {}):
+                problems.append(f"{name}: does not wait for {writer} (depends_on)")
+    return problems
+
+
+def load(path: Path = DEFAULT_FILE) -> dict:
+    return yaml.safe_load(Path(path).read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    path = Path(argv[0]) if argv else DEFAULT_FILE
+    problems = check(load(path))
+    for problem in problems:
+        print(f"{path}: {problem}")
+    if not problems:
+        print(f"{path}: ok ({len(load(path)['services'])} services)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
