@@ -70,7 +70,7 @@ async def direct_turn(stub, messages: list[inference_pb2.ChatMessage]) -> dict:
     first = None
     async for message in stub.Generate(inference_pb2.GenerateRequest(
             chat=inference_pb2.ChatMessages(messages=messages), sampling=SAMPLING), timeout=60):
-        if first is None and message.token_ids:
+        if first is None and message.text:  # as Chat counts it: the first visible text
             first = (time.perf_counter() - started) * 1000
     return {"ttft": first, "total": (time.perf_counter() - started) * 1000}
 

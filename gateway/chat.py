@@ -248,6 +248,7 @@ class ChatTurns:
                             if message.text:
                                 if not pieces:
                                     timings.first_token_ms = clock.ms()
+                                    generation_span.add_event("first_token")
                                 pieces.append(message.text)
                                 yield pb.ChatResponse(delta=pb.TokenDelta(text=message.text))
                             if message.HasField("result"):

@@ -56,7 +56,7 @@ def _to_record(span: ReadableSpan) -> dict:
         "error": span.status.status_code.name == "ERROR",
         "status": span.status.description or "",
         "attributes": dict(span.attributes or {}),
-        "events": [event.name for event in span.events],
+        "events": [{"name": event.name, "time_ns": event.timestamp} for event in span.events],
     }
 
 

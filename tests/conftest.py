@@ -16,6 +16,23 @@ def pki(tmp_path_factory) -> PkiFixture:
 
 
 @pytest.fixture(scope="session")
+def recorded_spans():
+    """Every span finished in this test process (in-process gateways and retrieval services)."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return exporter
+
+
+@pytest.fixture(scope="session")
 def otlp():
     """A real OTLP trace receiver for the session; the inference service exports to it."""
     from tests.support.otlp_receiver import otlp_receiver

@@ -137,8 +137,7 @@ async def test_deadline_reaches_the_backend(stub, inference_service, pki):
     assert min(elapsed) < 0.35, f"took {[round(e * 1000) for e in elapsed]} ms"
 
 
-@pytest.mark.flaky(reruns=2)  # STALL: see tests/e2e/test_inference.py
-async def test_admission_refuses_past_its_bound_at_once(retrieval, inference_service, pki, database_url):
+async def test_admission_refuses_past_its_bound_at_once(retrieval, inference_service, pki, database_url, recorded_spans):
     async with gateway_server(pki.root, inference_service.port, retrieval[0], max_in_flight=4, database_url=database_url) as (running, _):
         async with gateway_stub(running.port, pki.root) as small:
             await small.GetStats(pb.GetStatsRequest(), timeout=5)  # connect first: time the admission, not TLS
@@ -157,10 +156,18 @@ async def test_admission_refuses_past_its_bound_at_once(retrieval, inference_ser
     refused = [r for r in results if r[0] == grpc.StatusCode.RESOURCE_EXHAUSTED]
     done = [r for r in results if r[0] == "done"]
     assert (len(refused), len(done)) == (6, 4), [(r[0], round(r[1], 2)) for r in results]
-    # Refused at once: none waited for a slot to free up.
-    slowest_refusal = max(elapsed for _, elapsed, _ in refused)
-    fastest_completion = min(elapsed for _, elapsed, _ in done)
-    assert slowest_refusal < fastest_completion / 2, [(r[0], round(r[1], 2)) for r in results]
+    # Refused at once: the gateway answered each refusal without waiting for
+    # a slot. Measured on the gateway's own server spans: on this 2-core box
+    # the client can see a refusal only when the running streams end (noted
+    # on issue 6), which says nothing about the gateway's decision.
+    def server_seconds(trace_id: str) -> float:
+        (span,) = [s for s in recorded_spans.get_finished_spans()
+                   if format(s.context.trace_id, "032x") == trace_id and s.name.endswith("AgentGateway/Generate")]
+        return (span.end_time - span.start_time) / 1e9
+
+    refusals = [server_seconds(dict(error.trailing_metadata())["x-trace-id"]) for _, _, error in refused]
+    assert max(refusals) < 0.1, refusals
+    assert max(refusals) < min(elapsed for _, elapsed, _ in done) / 4, (refusals, results)
     assert retry_delay_s(refused[0][2]) == pytest.approx(0.05)
     assert "AGW_GATEWAY_MAX_IN_FLIGHT=4" in refused[0][2].details()
 
