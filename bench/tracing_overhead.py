@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""What tracing adds to an agent turn: Chat with the gateway's tracing off, on, and on with content.
+"""What tracing adds to an agent turn: Chat with the gateway's tracing off, on, on with content, and dead.
 
 One inference and one retrieval service (both exporting to a real OTLP
 receiver started here), and three gateway processes on them:
 - off: no OTEL_EXPORTER_OTLP_ENDPOINT (spans exist for the trace id, nothing is exported);
 - on: exporting to the receiver over OTLP/gRPC;
-- content: exporting, with AGW_TRACE_CONTENT=1 (prompt and answer on spans).
-Turns go round-robin over the three, so the machine's noise falls on all
+- content: exporting, with AGW_TRACE_CONTENT=1 (prompt and answer on spans);
+- dead: exporting to an address where nothing listens (a collector that is down).
+Turns go round-robin over the four, so the machine's noise falls on all
 alike. Each turn: session history, retrieval, 16 generated tokens, persist.
 Reports first token and total, p50/p95/p99, and each mode's p50 against off.
 
@@ -30,8 +31,9 @@ from retrieval.ingest import sample_corpus
 from servicekit import ChannelSpec, ClientTls, open_channel, wait_ready
 from tests.support.otlp_receiver import otlp_receiver
 from tests.support.retrieval_service import passage_documents
+from tests.support.servers import free_port
 
-MODES = ("off", "on", "content")
+MODES = ("off", "on", "content", "dead")
 QUESTIONS = ["How does the for statement work?", "What does with do?", "Explain try and except.",
              "How are classes defined?", "What is a lambda?", "How do imports work?"]
 SAMPLING = inference_pb2.SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
@@ -62,7 +64,7 @@ async def run(ports: dict[str, int], tls: Path, turns: int) -> dict[str, list[di
                     for mode, stub in stubs.items()}
         rows: dict[str, list[dict]] = {mode: [] for mode in MODES}
         for index in range(turns + 3):
-            order = MODES[index % 3:] + MODES[:index % 3]  # who goes first rotates too
+            order = MODES[index % len(MODES):] + MODES[:index % len(MODES)]  # who goes first rotates too
             for mode in order:
                 result = await turn(stubs[mode], sessions[mode], QUESTIONS[index % len(QUESTIONS)])
                 if index >= 3:  # the first rounds warm every path
@@ -87,6 +89,8 @@ def main() -> int:
                 env = dict(exporting) if mode != "off" else {}
                 if mode == "content":
                     env["AGW_TRACE_CONTENT"] = "1"
+                if mode == "dead":
+                    env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{free_port()}"
                 gateway = gateway_process(root, tls, f"gateway-{mode}", ports, **env)
                 started.append(gateway)
                 ports[mode] = gateway.wait_serving()
@@ -103,7 +107,7 @@ def main() -> int:
               "total p50": s["total"]["p50"], "total p95": s["total"]["p95"], "total p99": s["total"]["p99"],
               "p50 vs off": f"{(s['total']['p50'] / base['total']['p50'] - 1) * 100:+.1f}%"}
              for mode, s in stats.items()]
-    print_table("Chat turn with the gateway's tracing off / on / on + content, ms (16 tokens, smoke model)", table,
+    print_table("Chat turn with the gateway's tracing off / on / on + content / dead collector, ms (16 tokens)", table,
                 ["mode", "turns", "TTFT p50", "TTFT p99", "total p50", "total p95", "total p99", "p50 vs off"])
     print(f"spans received by the OTLP receiver: {exported} (goal: under 3% added at p50)")
     print(f"command: {command_line()}")

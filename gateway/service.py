@@ -48,9 +48,18 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
     def _tenant(self, context) -> str:
         return tenant_of(context, insecure_dev=self.settings.insecure_dev)
 
+    def _admit(self, slot: ExitStack) -> None:
+        """Take an admission slot for the call's duration (held by ``slot``), or refuse now; traced."""
+        with tracer.start_as_current_span("admission", attributes={
+            "agw.admission.in_flight": self.admission.in_flight,
+            "agw.admission.max_in_flight": self.admission.max_in_flight,
+        }):
+            slot.enter_context(self.admission.admit())
+
     async def Generate(self, request, context):
         self._tenant(context)
-        with self.admission.admit():
+        with ExitStack() as slot:
+            self._admit(slot)
             async for message in self.backends.generate(request.request, context):
                 yield pb.GenerateResponse(response=message)
 
@@ -122,11 +131,7 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
         clock = Clock(time.perf_counter())
         tenant = self._tenant(context)
         with ExitStack() as slot:
-            with tracer.start_as_current_span("admission", attributes={
-                "agw.admission.in_flight": self.admission.in_flight,
-                "agw.admission.max_in_flight": self.admission.max_in_flight,
-            }):
-                slot.enter_context(self.admission.admit())  # held for the whole turn
+            self._admit(slot)  # held for the whole turn
             admitted_at = time.perf_counter()
             async for event in self.turns.run(tenant, request, context, admitted_at, clock):
                 yield event
