@@ -64,8 +64,8 @@ class Up:
                     raise AssertionError(f"agentgw up exited {self.process.returncode}:\n{''.join(self.output)}")
             assert time.monotonic() < deadline, f"no {text!r} after {timeout}s:\n{''.join(self.output)}"
 
-    def cli(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "servicekit.cli", *args], env=self.env,
+    def cli(self, *args: str, timeout: float = 180, input: str | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "servicekit.cli", *args], env=self.env, input=input,
                               capture_output=True, text=True, timeout=timeout)
 
     def healthcheck(self, port: int) -> subprocess.CompletedProcess:
@@ -127,6 +127,13 @@ def test_up_answers_passes_the_doctor_and_stops_clean(tmp_path):
         assert any("delta" in e for e in events)
         final = events[-1]["final"]
         assert final["usage"]["completionTokens"] == 4 and len(final["traceId"]) == 32
+
+        # Questions on stdin: one session, so the second turn sees the first.
+        conversation = stack.cli("chat", "--json", "--max-tokens", "2", input="First question?\nSecond one?\n")
+        assert conversation.returncode == 0, conversation.stderr
+        finals = [json.loads(line)["final"] for line in conversation.stdout.splitlines() if '"final"' in line]
+        assert len(finals) == 2 and finals[0]["sessionId"] == finals[1]["sessionId"]
+        assert finals[1]["usage"]["promptTokens"] > finals[0]["usage"]["promptTokens"]  # history in the prompt
 
         doctor = stack.cli("doctor")
         assert doctor.returncode == 0, doctor.stdout + doctor.stderr
