@@ -39,7 +39,7 @@ def configure_tracing(service: str, version: str = "0.1.0") -> TracerProvider:
     if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(timeout=_export_timeout_s())))
         log.info("tracing: exporting spans over OTLP to %s", os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
     else:
         log.info("tracing: no OTEL_EXPORTER_OTLP_ENDPOINT, spans are not exported")
@@ -48,6 +48,18 @@ def configure_tracing(service: str, version: str = "0.1.0") -> TracerProvider:
         log.info("tracing: appending spans to %s (read them with: agentgw trace TRACE_ID)", trace_file)
     trace.set_tracer_provider(provider)
     return provider
+
+
+#: Seconds one export may take, retries included, unless OTEL_EXPORTER_OTLP_[TRACES_]TIMEOUT says.
+#: The OpenTelemetry default (10 s) is what a process's shutdown flush waited
+#: on when the collector was down; telemetry must not hold a drain that long.
+DEFAULT_EXPORT_TIMEOUT_S = 2.0
+
+
+def _export_timeout_s() -> float | None:
+    if os.environ.get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT") or os.environ.get("OTEL_EXPORTER_OTLP_TIMEOUT"):
+        return None  # the exporter reads the standard variable itself
+    return DEFAULT_EXPORT_TIMEOUT_S
 
 
 def extract_context(metadata: Iterable[tuple[str, str | bytes]] | None):

@@ -160,8 +160,10 @@ async def test_turns_succeed_when_the_collector_is_down(tmp_path, pki, inference
                 assert final.timings.total_ms < 5000, final.timings
         stopping = time.monotonic()
         assert gateway.stop(timeout=30) == 0
-        # Shutdown flushes spans, but a dead collector must not hold it up past the export timeout.
-        assert time.monotonic() - stopping < 15, "the gateway's shutdown waited on the dead collector"
+        # Shutdown flushes spans, but a dead collector must not hold it up past
+        # our export timeout (2 s; OpenTelemetry's own 10 s made it ~10-15 s).
+        took = time.monotonic() - stopping
+        assert took < 6, f"the gateway's shutdown waited {took:.1f} s on the dead collector"
     finally:
         gateway.stop(timeout=5)
 
