@@ -20,6 +20,8 @@ from contextlib import AsyncExitStack, aclosing, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from opentelemetry import trace
+
 from servicekit.errors import InvalidArgument, ResourceExhausted, Unavailable
 
 from inference.engine_plan import EnginePlan, ModelShape, Platform, plan_engine
@@ -43,6 +45,7 @@ from inference.settings import InferenceSettings
 from inference.smoke_model import build_smoke_model
 
 log = logging.getLogger(__name__)
+_TRACER = trace.get_tracer("agent-gateway.inference")
 
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
 WARMUP_TEXT = "Warm-up: the tokenizer and the engine see one request before real traffic does."
@@ -179,7 +182,9 @@ class Engine:
         from vllm.sampling_params import RequestOutputKind
         from vllm.v1.engine.exceptions import EngineDeadError
 
-        token_ids = await self.tokenize(prompt)
+        with _TRACER.start_as_current_span("tokenize") as span:
+            token_ids = await self.tokenize(prompt)
+            span.set_attribute("agw.prompt_tokens", len(token_ids))
         check_fits_context(len(token_ids), sampling, self.limits)
         self._check_capacity()
         params = SamplingParams(
@@ -192,9 +197,10 @@ class Engine:
             ignore_eos=sampling.ignore_eos,
             output_kind=RequestOutputKind.DELTA,
         )
-        (engine_input,) = await self._llm.renderer.render_cmpl_async(
-            [parse_model_prompt(self._llm.model_config, {"prompt_token_ids": token_ids})]
-        )
+        with _TRACER.start_as_current_span("render"):
+            (engine_input,) = await self._llm.renderer.render_cmpl_async(
+                [parse_model_prompt(self._llm.model_config, {"prompt_token_ids": token_ids})]
+            )
         self._in_flight.add(request_id)
         completion_tokens = 0
         try:
