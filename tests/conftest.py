@@ -61,8 +61,8 @@ def database_url(tmp_path_factory):
     if url:
         yield url
         return
-    import pgserver
+    from tests.support.postgres import start_pgserver
 
-    server = pgserver.get_server(tmp_path_factory.mktemp("pgdata"), cleanup_mode="stop")
+    server = start_pgserver(tmp_path_factory.mktemp("pgdata"))
     yield server.get_uri()
     server.cleanup()

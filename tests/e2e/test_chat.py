@@ -122,9 +122,9 @@ def private_postgres(tmp_path):
     import signal
     import time
 
-    import pgserver
+    from tests.support.postgres import start_pgserver
 
-    server = pgserver.get_server(tmp_path / "pgdata", cleanup_mode="stop")
+    server = start_pgserver(tmp_path / "pgdata")
 
     def restart() -> None:
         pid = server.get_pid()
