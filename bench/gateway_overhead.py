@@ -24,7 +24,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -46,16 +45,11 @@ from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from agent.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from gateway.tenancy import physical_collection
 from servicekit import ChannelSpec, ClientTls, open_channel, wait_ready
+from tests.support.servers import free_port
 
 DIM = 384
 COLLECTION = "bench"
 CONCURRENCY = (1, 16, 64)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def envoy_config(tls: Path, port: int, retrieval_port: int, inference_port: int) -> dict:

@@ -85,14 +85,14 @@ class ChatClient:
         return final
 
 
-def _questions(args: argparse.Namespace):
+async def _questions(args: argparse.Namespace):
     if args.question:
         yield args.question
         return
     interactive = sys.stdin.isatty()
     while True:
-        try:
-            line = input("you> ") if interactive else sys.stdin.readline()
+        try:  # the terminal is read off the event loop, like any blocking call
+            line = await asyncio.to_thread(input, "you> ") if interactive else await asyncio.to_thread(sys.stdin.readline)
         except EOFError:
             return
         if not interactive and not line:
@@ -105,7 +105,7 @@ async def _run(args: argparse.Namespace, connection: Connection) -> int:
     async with connection.gateway_channel() as channel:
         await wait_ready(channel, timeout_s=10, target=connection.gateway)
         client = ChatClient(gateway_pb2_grpc.AgentGatewayStub(channel), args)
-        for question in _questions(args):
+        async for question in _questions(args):
             await client.turn(question)
     return 0
 

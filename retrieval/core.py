@@ -274,7 +274,8 @@ class RetrievalCore:
             hits = await self._store(self.store.search(request.collection, query))
             _SEARCH.record((time.perf_counter() - started) * 1000, {"exact": request.exact})
             span.set_attribute("agw.search.returned", len(hits))
-            # What the payloads weigh as JSON: the number the trimming exists to keep small.
-            span.set_attribute("agw.search.payload_bytes", sum(len(json.dumps(h.payload, default=str)) for h in hits))
+            if span.is_recording():  # serialising payloads is work only a recorded span needs
+                # What the payloads weigh as JSON: the number the trimming exists to keep small.
+                span.set_attribute("agw.search.payload_bytes", sum(len(json.dumps(h.payload, default=str)) for h in hits))
         return SearchOutput(hits=hits, hnsw_ef=ef)
 

@@ -152,7 +152,7 @@ class Doctor:
     @staticmethod
     def _loop_check(service: str, loop: str) -> Check:
         return Check(
-            f"uvloop ({service})", Status.PASS if loop == "uvloop" else Status.WARN if loop else Status.WARN,
+            f"uvloop ({service})", Status.PASS if loop == "uvloop" else Status.WARN,
             f"event loop: {loop or 'unknown (no metrics endpoint)'}",
             "run the service through its entry point (agentgw serve), which installs uvloop"
             if loop else f"set AGW_{service.upper()}_METRICS_PORT so the doctor can read it")

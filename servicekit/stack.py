@@ -79,9 +79,10 @@ def _postgres(settings: ServiceSettings, progress: Progress):
         server.cleanup()
 
 
-def _service(name: str, module: str, prefix: str, port: int, metrics_port: int, settings: ServiceSettings,
-             env: dict[str, str]) -> ServiceProcess:
-    return ServiceProcess(module, settings.home / "run" / name, settings.tls_dir, prefix, env={
+def _service(name: str, port: int, metrics_port: int, settings: ServiceSettings, env: dict[str, str]) -> ServiceProcess:
+    """``python -m <name>.main`` on fixed ports, logging under ``$AGW_HOME/run/<name>``."""
+    prefix = f"AGW_{name.upper()}_"
+    return ServiceProcess(f"{name}.main", settings.home / "run" / name, settings.tls_dir, prefix, env={
         "AGW_HOME": str(settings.home),
         f"{prefix}PORT": str(port),
         f"{prefix}METRICS_PORT": str(metrics_port),
@@ -93,9 +94,9 @@ def _service(name: str, module: str, prefix: str, port: int, metrics_port: int, 
     })
 
 
-def _ports(prefix: str, settings_cls) -> tuple[int, int]:
+def _ports(name: str, settings_cls) -> tuple[int, int]:
+    """The service's port and metrics port, as its own settings resolve them."""
     settings = load_settings(settings_cls)
-    name = prefix.removeprefix("AGW_").removesuffix("_").lower()
     return settings.port, settings.metrics_port or DEFAULT_METRICS_PORTS[name]
 
 
@@ -178,18 +179,15 @@ def up() -> int:
 
             ports = {}
             processes = {}
-            for name, module, prefix, settings_cls in (
-                ("retrieval", "retrieval.main", "AGW_RETRIEVAL_", RetrievalSettings),
-                ("inference", "inference.main", "AGW_INFERENCE_", InferenceSettings),
-            ):
-                ports[name] = _ports(prefix, settings_cls)
-                processes[name] = _service(name, module, prefix, *ports[name], settings, {})
+            for name, settings_cls in (("retrieval", RetrievalSettings), ("inference", InferenceSettings)):
+                ports[name] = _ports(name, settings_cls)
+                processes[name] = _service(name, *ports[name], settings, {})
                 stack.callback(processes[name].stop)
-            ports["gateway"] = _ports("AGW_GATEWAY_", GatewaySettings)
+            ports["gateway"] = _ports("gateway", GatewaySettings)
             for name in ("retrieval", "inference"):  # both start together; wait in turn
                 with progress.step(f"{name} service on port {ports[name][0]}"):
                     processes[name].wait_serving()
-            processes["gateway"] = _service("gateway", "gateway.main", "AGW_GATEWAY_", *ports["gateway"], settings, {
+            processes["gateway"] = _service("gateway", *ports["gateway"], settings, {
                 "AGW_GATEWAY_WORKERS": "1",
                 "AGW_DATABASE_URL": database_url,
                 "AGW_GATEWAY_INFERENCE_TARGET": f"127.0.0.1:{ports['inference'][0]}",
