@@ -149,6 +149,7 @@ async def test_deadline_reaches_the_backend(stub, engine):
     assert min(elapsed) < 0.35, f"took {[round(e * 1000) for e in elapsed]} ms"
 
 
+@pytest.mark.flaky(reruns=2)  # STALL: see tests/e2e/test_inference.py
 async def test_admission_refuses_past_its_bound_at_once(retrieval, inference_service, pki, database_url, recorded_spans):
     async with gateway_server(pki.root, inference_service.port, retrieval[0], max_in_flight=4, database_url=database_url) as (running, _):
         async with gateway_stub(running.port, pki.root) as small:
