@@ -4,7 +4,9 @@ generation, the turn persisted, and a final event that says where the time went.
 Prompt layout, for prefix-cache reuse across turns: system prompt, then the
 session's history, then the retrieved context and the user's message in the
 last user turn. Everything before the last turn is identical from one turn to
-the next, so the engine serves it from its prefix cache.
+the next, so the engine serves it from its prefix cache; the history window's
+start moves in steps (``gateway.history``) so that this holds for long
+sessions too.
 
 Nothing lost: the user and assistant messages are written in one transaction
 before the final event; a failed write is an error, not a final event. A
@@ -35,6 +37,7 @@ from servicekit.telemetry import trace_id_hex
 
 from gateway.backends import Backends
 from gateway.database import Database
+from gateway.history import history_window
 from gateway.sessions import parse_session_id
 from gateway.settings import GatewaySettings
 from gateway.tenancy import physical_collection
@@ -56,6 +59,14 @@ async def _prepend(first, rest):
         yield first
         async for item in rest:
             yield item
+
+
+async def _cancel(task: asyncio.Future) -> None:
+    task.cancel()
+    try:
+        await task
+    except BaseException:  # noqa: BLE001 - its outcome no longer matters; the caller re-raises its own
+        pass
 
 
 def _over_context(error: ServiceError) -> bool:
@@ -109,20 +120,16 @@ class ChatTurns:
                 return None
             # The last N messages, newest first, through the primary key index.
             return await connection.fetch(
-                "SELECT role, content, token_count FROM agw_messages WHERE session_id = $1"
+                "SELECT ordinal, role, content, token_count FROM agw_messages WHERE session_id = $1"
                 " ORDER BY ordinal DESC LIMIT $2", session_id, self.settings.history_messages)
 
         rows = await self.database.run(load)
         if rows is None:
             raise NotFound(f"session {session_id} does not exist")
-        kept, used, trimmed = [], 0, False
-        for row in rows:  # newest first: keep what fits, drop the oldest
-            if used + row["token_count"] > self.settings.history_token_budget:
-                trimmed = True
-                break
-            kept.append((row["role"], row["content"]))
-            used += row["token_count"]
-        return list(reversed(kept)), trimmed
+        window = history_window(rows, max_messages=self.settings.history_messages,
+                                token_budget=self.settings.history_token_budget,
+                                step=self.settings.history_window_step)
+        return [(row["role"], row["content"]) for row in window.messages], window.trimmed
 
     async def _retrieve(self, tenant: str, request: pb.ChatRequest, context) -> list[retrieval_pb2.ScoredDocument]:
         options = request.retrieval
@@ -210,8 +217,8 @@ class ChatTurns:
             documents = []
         if trimmed:
             degraded.append("history trimmed to AGW_GATEWAY_HISTORY_TOKEN_BUDGET (oldest messages left out)")
-        if documents:
-            yield pb.ChatResponse(context=pb.ContextEvent(documents=documents))
+        # Sent once the backend call has started (below): the write then overlaps the engine's prefill.
+        context_event = pb.ChatResponse(context=pb.ContextEvent(documents=documents)) if documents else None
 
         context_block = "\n".join(f"[{i + 1}] {d.payload['text']}" for i, d in enumerate(documents)
                                   if "text" in d.payload)
@@ -240,10 +247,18 @@ class ChatTurns:
                     # aclosing: a turn closed mid-stream cancels the backend call now, not at GC.
                     async with aclosing(self.backends.generate(prompt(history), context)) as stream:
                         token = otel_context.attach(generation_context)
-                        try:
-                            first = await anext(stream, None)  # the backend call starts inside the span
+                        try:  # the backend call starts inside the span, and now
+                            first_read = asyncio.ensure_future(anext(stream, None))
                         finally:
                             otel_context.detach(token)
+                        try:
+                            if context_event is not None:
+                                yield context_event
+                                context_event = None
+                            first = await first_read
+                        except BaseException:
+                            await _cancel(first_read)  # done before aclosing closes the stream it reads
+                            raise
                         async for message in _prepend(first, stream):
                             if message.text:
                                 if not pieces:

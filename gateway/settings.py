@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from servicekit.settings import Port, ServiceSettings, deployment_field, prefixed_config
 
@@ -52,6 +52,10 @@ class GatewaySettings(ServiceSettings):
     max_message_chars: int = Field(16_000, gt=0, description="Longest user message accepted by Chat.")
     history_messages: int = Field(50, gt=0, description="Most past messages a turn loads.")
     history_token_budget: int = Field(2048, gt=0, description="History beyond this many tokens is trimmed, oldest first.")
+    history_window_step: int = Field(
+        16, gt=0, multiple_of=2,
+        description="The history window starts on a multiple of this many messages, so long sessions keep hitting "
+        "the prefix cache; even, so the window opens on a user message.")
     history_budget_s: float = Field(1.0, gt=0, description="Longest a turn waits for its history.")
     retrieval_budget_s: float = Field(0.5, gt=0, description="Longest a turn waits for context before going on without.")
     retrieval_top_k: int = Field(4, gt=0, description="Passages retrieved when a request names no top_k.")
@@ -60,6 +64,15 @@ class GatewaySettings(ServiceSettings):
         "You are a helpful assistant. Answer from the context when it is relevant.",
         description="System prompt when a request sends none; keep it stable so its KV is reused.",
     )
+
+    @model_validator(mode="after")
+    def _check_history_window(self) -> GatewaySettings:
+        # The window carries between history_messages - step + 1 and
+        # history_messages messages: a step past the limit could carry none.
+        if self.history_window_step > self.history_messages:
+            raise ValueError(f"AGW_GATEWAY_HISTORY_WINDOW_STEP ({self.history_window_step}) should be at most "
+                             f"AGW_GATEWAY_HISTORY_MESSAGES ({self.history_messages})")
+        return self
 
     @property
     def embedded_postgres_dir(self):

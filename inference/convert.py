@@ -5,6 +5,8 @@ The one place that knows both; the gateway reuses it for its passthrough.
 
 from __future__ import annotations
 
+import dataclasses
+
 from agent.inference.v1 import inference_pb2 as pb
 
 from inference.requests import (
@@ -55,6 +57,8 @@ def prompt_from_generate(request: pb.GenerateRequest) -> PromptInput:
         prompt = PromptInput(token_ids=tuple(request.token_ids.ids))
     else:
         prompt = PromptInput()
+    if request.cache_salt:
+        prompt = dataclasses.replace(prompt, cache_salt=request.cache_salt)
     check_prompt_input(prompt)
     return prompt
 

@@ -199,7 +199,7 @@ class Engine:
         )
         with _TRACER.start_as_current_span("render"):
             (engine_input,) = await self._llm.renderer.render_cmpl_async(
-                [parse_model_prompt(self._llm.model_config, {"prompt_token_ids": token_ids})]
+                [parse_model_prompt(self._llm.model_config, _engine_prompt(token_ids, prompt.cache_salt))]
             )
         self._in_flight.add(request_id)
         completion_tokens = 0
@@ -265,6 +265,11 @@ class Engine:
                 pass
         steps.append(StartupStep("warm generation", (time.perf_counter() - started) * 1000))
         return steps
+
+
+def _engine_prompt(token_ids: list[int], cache_salt: str | None) -> dict:
+    """vLLM's token prompt; a salt starts the request's block hashes, so only same-salt requests share blocks."""
+    return {"prompt_token_ids": token_ids, **({"cache_salt": cache_salt} if cache_salt else {})}
 
 
 def _timings(metrics, started: float) -> Timings:

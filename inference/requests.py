@@ -15,6 +15,7 @@ from enum import Enum
 from servicekit.errors import InvalidArgument
 
 ROLES = ("system", "user", "assistant", "tool")
+MAX_CACHE_SALT_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,8 @@ class PromptInput:
     token_ids: tuple[int, ...] | None = None
     add_generation_prompt: bool = True
     add_special_tokens: bool = True
+    cache_salt: str | None = None
+    """Prefix-cache partition (vLLM's ``cache_salt``); None shares the default one."""
 
 
 def check_prompt_input(prompt: PromptInput, field_name: str = "input") -> None:
@@ -150,6 +153,8 @@ def check_prompt_input(prompt: PromptInput, field_name: str = "input") -> None:
             raise InvalidArgument(f"{field_name}.token_ids", "is empty; send at least one token id")
     else:
         raise InvalidArgument(field_name, "no prompt given; set one of prompt, chat or token_ids")
+    if prompt.cache_salt is not None and len(prompt.cache_salt) > MAX_CACHE_SALT_CHARS:
+        raise InvalidArgument("cache_salt", f"is {len(prompt.cache_salt)} characters; the limit is {MAX_CACHE_SALT_CHARS}")
 
 
 def resolve_sampling(given: SamplingInput, limits: Limits) -> Sampling:

@@ -225,3 +225,56 @@ async def test_cancelled_turn_stores_nothing_and_frees_the_engine(stub, inferenc
     async with mtls_channel(inference_service.port, pki.root, identity="gateway") as channel:
         load = await inference_pb2_grpc.InferenceStub(channel).GetLoad(inference_pb2.GetLoadRequest(), timeout=5)
     assert (load.running_requests, load.waiting_requests) == (0, 0), load
+
+
+async def test_turn_cancelled_at_its_context_event_stores_nothing_and_frees_the_engine(stub, inference_service, pki):
+    # The backend call starts before the context event is written, so a client
+    # that leaves on seeing the context leaves a generation in flight behind it.
+    from agent.inference.v1 import inference_pb2_grpc
+    from tests.support.grpc_client import mtls_channel
+
+    session = await _session(stub)
+    call = stub.Chat(pb.ChatRequest(
+        session_id=session, message="How does the for statement work?",
+        retrieval=pb.RetrievalOptions(collection="pydoc", top_k=2),
+        generation=inference_pb2.SamplingParams(max_tokens=3000, ignore_eos=True)), timeout=60)
+    assert (await call.read()).WhichOneof("event") == "context"
+    call.cancel()
+    async with mtls_channel(inference_service.port, pki.root, identity="gateway") as channel:
+        inference = inference_pb2_grpc.InferenceStub(channel)
+        for _ in range(50):
+            load = await inference.GetLoad(inference_pb2.GetLoadRequest(), timeout=5)
+            if (load.running_requests, load.waiting_requests) == (0, 0):
+                break
+            await asyncio.sleep(0.2)
+    assert (load.running_requests, load.waiting_requests) == (0, 0), load
+    assert list((await stub.ListMessages(pb.ListMessagesRequest(session_id=session), timeout=5)).messages) == []
+    _, final = await _turn(stub, session_id=session, message="And now?")
+    assert final.usage.completion_tokens == 8
+
+
+async def test_a_long_session_keeps_its_cached_prefix_when_the_window_moves_in_steps(
+        tmp_path, pki, inference_service, database_url):
+    # Five turns with a 4-message window. Turn 5 carries messages 4..7 either
+    # way; what differs is turn 4's window: 4..5 when the start moves in steps
+    # of 4 (so turn 5 extends turn 4's prompt), 2..5 when it slides (step 2),
+    # so that turn 5 shares only the system prompt with turn 4.
+    passage = "The for statement is used to iterate over the elements of a sequence or other iterable object. "
+
+    async def fifth_turn_cached(step: int) -> tuple[int, int]:
+        async with gateway_server(pki.root, inference_service.port, retrieval.port, database_url=database_url,
+                                  history_messages=4, history_window_step=step) as (gw, _):
+            async with gateway_stub(gw.port, pki.root) as stub:
+                session, salt = await _session(stub), uuid.uuid4()  # new to the prefix cache
+                for turn in range(1, 6):
+                    _, final = await _turn(stub, session_id=session, message=f"{salt} question {turn}. {passage * 12}")
+                return final.usage.cached_prompt_tokens, final.usage.prompt_tokens
+
+    async with retrieval_server(tmp_path / "retrieval", pki.root) as (retrieval, _):
+        stepped, prompt_tokens = await fifth_turn_cached(4)
+        sliding, _ = await fifth_turn_cached(2)
+    # Stepped: all but the last answer, the new question (~270 tokens) and a
+    # 32-token block's remainder come from the cache (measured: 289 not).
+    assert prompt_tokens - stepped <= 340, (stepped, prompt_tokens)
+    # Sliding: the system prompt, and nothing of the history (~530 tokens).
+    assert sliding < stepped - 400, (sliding, stepped)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+import uuid
 
 import grpc
 import pytest
@@ -114,6 +115,22 @@ async def test_shared_prefix_is_served_from_the_prefix_cache(stub):
     assert cached >= 256 - 32, f"expected the shared prefix to hit the cache, got {cached} cached tokens"
     assert cached <= second[-1].result.usage.prompt_tokens
     assert first[-1].result.usage.cached_prompt_tokens < cached
+
+
+async def test_a_cache_salt_partitions_the_prefix_cache(stub):
+    prefix = f"Run {uuid.uuid4()}. " + PASSAGE * 12  # new to the cache, whatever ran before
+
+    async def cached(salt: str, question: str) -> int:
+        done = await _generate(stub, pb.GenerateRequest(prompt=prefix + question, cache_salt=salt,
+                                                        sampling=pb.SamplingParams(max_tokens=2)))
+        return done[-1].result.usage.cached_prompt_tokens
+
+    assert await cached("tenant-a", " One?") < 32
+    # Same prefix, another salt: nothing of tenant a's is reused, nor of the shared partition.
+    assert await cached("tenant-b", " Two?") < 32
+    assert await cached("", " Three?") < 32
+    # Same salt: the prefix is reused.
+    assert await cached("tenant-a", " Four?") >= 256 - 32
 
 
 @STALL
@@ -240,6 +257,7 @@ def test_health_turns_serving_only_after_warm_up(inference_service):
         (pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(top_p=1.5)), "sampling.top_p", "(0, 1]"),
         (pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(top_k=0)), "sampling.top_k", "positive"),
         (pb.GenerateRequest(prompt=PASSAGE * 200), "input", f"the context is {CONTEXT} tokens"),
+        (pb.GenerateRequest(prompt="x", cache_salt="s" * 257), "cache_salt", "the limit is 256"),
     ],
     ids=lambda value: value if isinstance(value, str) and "." not in value and " " not in value else None,
 )
