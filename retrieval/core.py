@@ -251,7 +251,7 @@ class RetrievalCore:
             with tracer.start_as_current_span("embed query", attributes={
                 "agw.embed.model": self.settings.embed_model or "all-MiniLM-L6-v2", "agw.embed.texts": 1,
             }):
-                (vector,) = await self.embedder.embed([request.text])
+                vector = await self.embedder.embed_query(request.text)
         ef = 0 if request.exact else (request.hnsw_ef or spec.tuned_ef or UNTUNED_EF)
         query = SearchQuery(
             vector=vector,

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from retrieval.batching import MicroBatcher
+
 log = logging.getLogger(__name__)
 
 
@@ -27,15 +29,17 @@ def default_model_path() -> Path:
 class Embedder:
     """Encodes texts on its own thread pool; build it with :meth:`load`."""
 
-    def __init__(self, model, executor: ThreadPoolExecutor, name: str) -> None:
+    def __init__(self, model, executor: ThreadPoolExecutor, name: str, query_batch: int = 16) -> None:
         self._model = model
         self._executor = executor
         self.name = name
+        self._queries = MicroBatcher(self.embed, query_batch)
         dimension = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
         self.dimension = int(dimension())
 
     @classmethod
-    async def load(cls, model_path: str | None, threads: int = 1, torch_threads: int = 1) -> Embedder:
+    async def load(cls, model_path: str | None, threads: int = 1, torch_threads: int = 1,
+                   query_batch: int = 16) -> Embedder:
         executor = ThreadPoolExecutor(threads, thread_name_prefix="embedder")
         path = Path(model_path) if model_path else None
 
@@ -58,7 +62,7 @@ class Embedder:
         started = time.perf_counter()
         model, folder = await asyncio.get_running_loop().run_in_executor(executor, build)
         log.info("embedder %s loaded in %.0f ms", folder.name, (time.perf_counter() - started) * 1000)
-        return cls(model, executor, folder.name)
+        return cls(model, executor, folder.name, query_batch)
 
     def _encode(self, texts: Sequence[str], batch_size: int) -> list[list[float]]:
         vectors = self._model.encode(
@@ -72,10 +76,20 @@ class Embedder:
             return []
         return await asyncio.get_running_loop().run_in_executor(self._executor, self._encode, texts, batch_size)
 
+    async def embed_query(self, text: str) -> list[float]:
+        """One query's vector; queries that arrive while a pass runs share the next one."""
+        return await self._queries.submit(text)
+
+    @property
+    def query_passes(self) -> int:
+        """Forward passes made for queries so far."""
+        return self._queries.batches
+
     async def warm_up(self) -> float:
         started = time.perf_counter()
         await self.embed(["warm-up: the first real query must not pay for lazy initialisation"])
         return (time.perf_counter() - started) * 1000
 
-    def close(self) -> None:
+    async def close(self) -> None:
+        await self._queries.close()
         self._executor.shutdown(wait=False, cancel_futures=True)

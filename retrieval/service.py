@@ -116,8 +116,9 @@ class RetrievalApp:
                 store = await EdgeStore.open(settings.edge_dir, settings.store_threads)
                 log.info("store: Qdrant Edge in-process at %s", settings.edge_dir)
             stack.push_async_callback(store.close)
-            embedder = await Embedder.load(settings.embed_model, settings.embed_threads, settings.embed_torch_threads)
-            stack.callback(embedder.close)
+            embedder = await Embedder.load(settings.embed_model, settings.embed_threads, settings.embed_torch_threads,
+                                           settings.embed_query_batch)
+            stack.push_async_callback(embedder.close)
             log.info("start-up: embedder warm-up took %.0f ms", await embedder.warm_up())
             self.servicer.core = RetrievalCore(store, embedder, settings)
             try:

@@ -26,6 +26,8 @@ class RetrievalSettings(ServiceSettings):
     embed_threads: int = Field(1, gt=0, description="Threads that run the embedder off the event loop.")
     embed_torch_threads: int = Field(1, gt=0, description="PyTorch intra-op threads for the embedder.")
     embed_batch: int = Field(64, gt=0, description="Texts embedded per batch on upsert.")
+    embed_query_batch: int = Field(
+        16, gt=0, description="Most concurrent search queries embedded in one forward pass (1: one pass each).")
     store_threads: int = Field(2, gt=0, description="Threads that run Qdrant Edge calls off the event loop.")
     upsert_chunk: int = Field(256, gt=0, description="Documents written per store call on upsert.")
     max_upsert_documents: int = Field(10_000, gt=0, description="Most documents in one Upsert request.")

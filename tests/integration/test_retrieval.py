@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import grpc
@@ -272,3 +273,18 @@ async def test_store_failure_mid_upsert_says_exactly_what_was_stored(tmp_path, p
         async with retrieval_stub(running.port, pki.root) as retried:
             assert (await retried.Upsert(pb.UpsertRequest(collection="partial", documents=documents), timeout=60)).upserted == 25
         assert calls == [10, 10, 10, 10, 5]
+
+
+async def test_concurrent_queries_share_embedding_passes_and_keep_their_own_hits(stub, corpus, service):
+    _, app = service
+    embedder = app.servicer.core.embedder
+    queries = ["context manager enter and exit", "iterate over a sequence", "format a string", "import a module",
+               "define a class", "catch an exception", "anonymous function", "assert a condition"]
+    alone = [await _search(stub, text=q, top_k=3) for q in queries]
+    passes = embedder.query_passes
+    together = await asyncio.gather(*(_search(stub, text=q, top_k=3) for q in queries))
+    # Fewer forward passes than queries: those that arrived during a pass shared the next.
+    assert embedder.query_passes - passes < len(queries)
+    for one, batched in zip(alone, together):
+        assert {h.id for h in batched.results} == {h.id for h in one.results}
+        assert [h.score for h in batched.results] == pytest.approx([h.score for h in one.results], abs=1e-4)

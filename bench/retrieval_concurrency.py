@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Search latency under concurrency: query embeddings batched across concurrent calls, against one pass each.
+
+Root cause addressed: CPU work queued on the event loop's executor (each text
+query is a forward pass of the embedder; eight concurrent searches made eight
+passes in a row, and the agent-turn bench measured retrieval at 180-450 ms
+p50 at concurrency 8). Two retrieval services on the same corpus, in one run:
+- batched: queries arriving while a pass runs share the next pass
+  (``AGW_RETRIEVAL_EMBED_QUERY_BATCH=16``, the default);
+- one pass each: ``AGW_RETRIEVAL_EMBED_QUERY_BATCH=1``, as before.
+They take turns, in halves, at each concurrency level, so drift hits both.
+
+    python bench/retrieval_concurrency.py [--n 160] [--json bench/out/retrieval_concurrency.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from pathlib import Path
+
+from harness import command_line, dev_pki, print_table, retrieval_process, scratch_dir, summary, write_json
+
+from agent.retrieval.v1 import retrieval_pb2 as pb
+from agent.retrieval.v1 import retrieval_pb2_grpc
+from retrieval.ingest import sample_corpus
+from servicekit import ChannelSpec, ClientTls, open_channel, wait_ready
+
+QUERIES = ["context manager enter and exit", "iterate over a sequence", "format a string with placeholders",
+           "import a module from a package", "define a class with methods", "catch an exception",
+           "anonymous function", "assert a condition holds", "delete a name", "global and nonlocal names",
+           "slicing a list", "comparison operators", "boolean operations", "the while loop", "raise an error",
+           "numeric literals"]
+VARIANTS = {"batched": "16", "one pass each": "1"}
+
+
+async def searches(stub, concurrency: int, n: int) -> list[float]:
+    latencies: list[float] = []
+
+    async def worker(index: int) -> None:
+        for turn in range(n // concurrency):
+            request = pb.SearchRequest(collection="docs", text=QUERIES[(index * 7 + turn) % len(QUERIES)], top_k=4)
+            started = time.perf_counter()
+            await stub.Search(request, timeout=30)
+            latencies.append((time.perf_counter() - started) * 1000)
+
+    await asyncio.gather(*(worker(i) for i in range(concurrency)))
+    return latencies
+
+
+
+async def run(ports: dict[str, int], tls_dir: Path, levels: list[int], n: int) -> dict:
+    from google.protobuf import struct_pb2
+
+    documents = []
+    for passage in sample_corpus(max_per_topic=2)[:200]:
+        payload = struct_pb2.Struct()
+        payload.update(passage.payload)
+        documents.append(pb.Document(id=passage.id, text=passage.text, payload=payload))
+    stubs, channels = {}, []
+    for name, port in ports.items():
+        channel = open_channel(ChannelSpec(target=f"127.0.0.1:{port}", tls=ClientTls.from_dir(tls_dir, "gateway")))
+        channels.append(channel)
+        await wait_ready(channel, timeout_s=60, target=name)
+        stubs[name] = retrieval_pb2_grpc.RetrievalStub(channel)
+        await stubs[name].CreateCollection(pb.CreateCollectionRequest(collection=pb.Collection(name="docs")), timeout=10)
+        await stubs[name].Upsert(pb.UpsertRequest(collection="docs", documents=documents), timeout=300)
+        await searches(stubs[name], 1, 8)  # warm
+    results: dict[int, dict[str, list[float]]] = {}
+    try:
+        for concurrency in levels:
+            rows = results.setdefault(concurrency, {name: [] for name in stubs})
+            for half in range(2):
+                order = list(stubs) if half == 0 else list(reversed(stubs))
+                for name in order:
+                    rows[name] += await searches(stubs[name], concurrency, n // 2)
+    finally:
+        for channel in channels:
+            await channel.close()
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=160, help="searches per variant and concurrency level")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    root = scratch_dir("retrieval-concurrency")
+    tls_dir = dev_pki(root)
+    services = {name: retrieval_process(root, tls_dir, name.replace(" ", "-"), AGW_RETRIEVAL_EMBED_QUERY_BATCH=batch,
+                                        AGW_HOME=str(root / name.replace(" ", "-") / "home"))  # its own Edge store
+                for name, batch in VARIANTS.items()}
+    try:
+        ports = {name: service.wait_serving() for name, service in services.items()}
+        results = asyncio.run(run(ports, tls_dir, args.concurrency, args.n))
+    finally:
+        for service in services.values():
+            service.stop()
+    table, stats = [], {}
+    for concurrency, rows in results.items():
+        for name, latencies in rows.items():
+            s = summary(latencies)
+            stats.setdefault(str(concurrency), {})[name] = s
+            table.append({"conc": concurrency, "variant": name, "n": s["n"], "p50": s["p50"], "p95": s["p95"],
+                          "p99": s["p99"]})
+        ratio = stats[str(concurrency)]["one pass each"]["p50"] / stats[str(concurrency)]["batched"]["p50"]
+        stats[str(concurrency)]["p50 ratio (one pass each / batched)"] = ratio
+    print_table("Search with a text query, latency ms (all-MiniLM-L6-v2 on CPU, Qdrant Edge, 200 passages)", table,
+                ["conc", "variant", "n", "p50", "p95", "p99"])
+    for concurrency in results:
+        print(f"c={concurrency}: one pass each / batched, p50: "
+              f"{stats[str(concurrency)]['p50 ratio (one pass each / batched)']:.2f}x")
+    print(f"command: {command_line()}")
+    write_json(args.json, {"stats": stats})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
