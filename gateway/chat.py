@@ -40,7 +40,7 @@ from gateway.database import Database
 from gateway.history import history_window
 from gateway.sessions import parse_session_id
 from gateway.settings import GatewaySettings
-from gateway.tenancy import physical_collection
+from gateway.tenancy import physical_collection, tenant_cache_salt
 
 _TRACER = trace.get_tracer("agent-gateway.chat")
 _METER = meter("gateway")
@@ -224,6 +224,8 @@ class ChatTurns:
                                   if "text" in d.payload)
         user = f"Context:\n{context_block}\n\nQuestion: {request.message}" if context_block else request.message
 
+        cache_salt = tenant_cache_salt(tenant) if self.settings.prefix_cache == "tenant" else ""
+
         def prompt(past: list[tuple[str, str]]) -> inference_pb2.GenerateRequest:
             messages = [inference_pb2.ChatMessage(role=inference_pb2.ROLE_SYSTEM,
                                                   content=request.system_prompt or self.settings.default_system_prompt)]
@@ -231,7 +233,7 @@ class ChatTurns:
                          for role, content in past]
             messages.append(inference_pb2.ChatMessage(role=inference_pb2.ROLE_USER, content=user))
             return inference_pb2.GenerateRequest(chat=inference_pb2.ChatMessages(messages=messages),
-                                                 sampling=request.generation)
+                                                 sampling=request.generation, cache_salt=cache_salt)
 
         generation_started = time.perf_counter()
         pieces, result = [], None

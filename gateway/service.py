@@ -17,6 +17,7 @@ from opentelemetry import trace
 
 from agent.gateway.v1 import gateway_pb2 as pb
 from agent.gateway.v1 import gateway_pb2_grpc
+from agent.inference.v1 import inference_pb2
 from agent.retrieval.v1 import retrieval_pb2
 from servicekit.errors import InvalidArgument, NotFound, ServiceError
 from servicekit.metrics import gauge, meter
@@ -29,7 +30,7 @@ from gateway.convert import message_to_proto, session_to_proto
 from gateway.database import embedded_postgres_url, open_database
 from gateway.sessions import Sessions
 from gateway.settings import GatewaySettings
-from gateway.tenancy import physical_collection, tenant_of
+from gateway.tenancy import physical_collection, tenant_cache_salt, tenant_of
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("agent-gateway.gateway")
@@ -57,10 +58,15 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
             slot.enter_context(self.admission.admit())
 
     async def Generate(self, request, context):
-        self._tenant(context)
+        tenant = self._tenant(context)
+        backend_request = request.request
+        if self.settings.prefix_cache == "tenant":
+            backend_request = inference_pb2.GenerateRequest()
+            backend_request.CopyFrom(request.request)
+            backend_request.cache_salt = tenant_cache_salt(tenant, request.request.cache_salt)
         with ExitStack() as slot:
             self._admit(slot)
-            async for message in self.backends.generate(request.request, context):
+            async for message in self.backends.generate(backend_request, context):
                 yield pb.GenerateResponse(response=message)
 
     async def Retrieve(self, request, context):

@@ -56,6 +56,9 @@ class GatewaySettings(ServiceSettings):
         16, gt=0, multiple_of=2,
         description="The history window starts on a multiple of this many messages, so long sessions keep hitting "
         "the prefix cache; even, so the window opens on a user message.")
+    prefix_cache: Literal["tenant", "shared"] = Field(
+        "tenant", description="tenant: each tenant's prompts reuse only its own cached prefixes (no cross-tenant "
+        "timing signal); shared: all tenants share one prefix cache (a single-tenant deployment).")
     history_budget_s: float = Field(1.0, gt=0, description="Longest a turn waits for its history.")
     retrieval_budget_s: float = Field(0.5, gt=0, description="Longest a turn waits for context before going on without.")
     retrieval_top_k: int = Field(4, gt=0, description="Passages retrieved when a request names no top_k.")

@@ -4,7 +4,9 @@ The tenant is the common name of the client certificate (``agentgw certs``
 issues one per tenant); a client cannot choose it. A tenant's collection
 ``docs`` is ``t3-dev-docs`` on the retrieval service: the tenant's length
 prefixes it, so no two (tenant, collection) pairs map to one name, whatever
-characters either holds.
+characters either holds. With ``AGW_GATEWAY_PREFIX_CACHE=tenant`` (the
+default), a tenant's prompts are also in a prefix-cache partition of their
+own, named the same way.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import grpc
 
 _COLLECTION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 DEV_TENANT = "dev"
+#: The inference service takes salts of up to 256 characters; the tenant's part takes up to 68.
+MAX_REQUESTED_SALT_CHARS = 128
 
 
 class Unauthenticated(ServiceError):
@@ -45,3 +49,17 @@ def tenant_collection(physical: str) -> str:
     """The caller-facing name of a physical collection name."""
     length, _, rest = physical[1:].partition("-")
     return rest[int(length) + 1:]
+
+
+def tenant_cache_salt(tenant: str, requested: str = "") -> str:
+    """The inference ``cache_salt`` for ``tenant``: its own partition, subdivided by what the client asked for.
+
+    Without it, a tenant could time its requests to learn whether another
+    tenant had sent the same prefix (a cached prefix answers sooner). The
+    length prefix keeps ("a", "b/c") and ("a/b", "c") apart.
+    """
+    if len(requested) > MAX_REQUESTED_SALT_CHARS:
+        raise InvalidArgument("request.cache_salt", f"is {len(requested)} characters; the limit is "
+                              f"{MAX_REQUESTED_SALT_CHARS} (the gateway prefixes it with the tenant)")
+    salt = f"t{len(tenant)}-{tenant}"
+    return f"{salt}/{requested}" if requested else salt

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 
 import grpc
 import pytest
@@ -123,6 +124,25 @@ async def test_generate_passes_through_on_m_connections(stub, inference_service)
             pass
     # Server side of the inference port: our M channels, plus this test's own GetLoad channels (none open now).
     assert established_connections(inference_service.port) == M
+
+
+async def test_tenants_never_reuse_each_others_cached_prefixes(gateway, stub, pki):
+    prompt = f"Run {uuid.uuid4()}. " + "A gateway keeps long-lived channels to its backends. " * 30
+
+    async def cached(client, salt: str = "") -> int:
+        messages = [m async for m in client.Generate(pb.GenerateRequest(request=inference_pb2.GenerateRequest(
+            prompt=prompt, cache_salt=salt, sampling=inference_pb2.SamplingParams(max_tokens=1))), timeout=30)]
+        return messages[-1].response.result.usage.cached_prompt_tokens
+
+    async with gateway_stub(gateway[0].port, pki.root, identity="other") as other:
+        assert await cached(stub) < 32  # new to the cache
+        assert await cached(other) < 32  # the same prompt, another tenant: computed again
+        assert await cached(other, "t3-dev") < 32  # naming dev's partition names its own sub-partition
+        assert await cached(stub) >= 256  # the same tenant: served from its partition
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await cached(stub, "s" * 129)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details().startswith("request.cache_salt: is 129 characters; the limit is 128")
 
 
 async def test_client_cancel_frees_the_engine_within_a_second(stub, engine):

@@ -6,7 +6,7 @@ import pytest
 
 from gateway.admission import Admission
 from gateway.backends import Deadlines
-from gateway.tenancy import physical_collection, tenant_collection
+from gateway.tenancy import physical_collection, tenant_cache_salt, tenant_collection
 from servicekit.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
 
 pytestmark = pytest.mark.unit
@@ -22,6 +22,15 @@ def test_physical_names_round_trip_and_never_collide(tenant, collection):
 def test_tenant_prefixes_are_injective():
     pairs = [("a_b", "c"), ("a", "b_c"), ("a", "b-c"), ("a-b", "c")]
     assert len({physical_collection(t, c) for t, c in pairs}) == len(pairs)
+
+
+def test_cache_salts_are_per_tenant_and_never_collide():
+    salts = [tenant_cache_salt("a", "b/c"), tenant_cache_salt("a/b", "c"), tenant_cache_salt("a"),
+             tenant_cache_salt("other"), tenant_cache_salt("other", "t1-a")]
+    assert len(set(salts)) == len(salts)
+    assert tenant_cache_salt("dev", "x").startswith("t3-dev/")
+    with pytest.raises(InvalidArgument, match="request.cache_salt"):
+        tenant_cache_salt("dev", "x" * 129)
 
 
 @pytest.mark.parametrize("bad", ["", "../x", "a/b", "x" * 65, "-x"])
