@@ -114,18 +114,20 @@ class ChatTurns:
             return [], False
 
         async def load(connection):
-            owned = await connection.fetchval("SELECT 1 FROM agw_sessions WHERE id = $1 AND tenant = $2",
-                                              session_id, tenant)
-            if owned is None:
-                return None
-            # The last N messages, newest first, through the primary key index.
+            # One round trip: the session's ownership and its last N messages,
+            # newest first, through the primary key index. No row: not this
+            # tenant's session (or none); one row of NULLs: no messages yet.
             return await connection.fetch(
-                "SELECT ordinal, role, content, token_count FROM agw_messages WHERE session_id = $1"
-                " ORDER BY ordinal DESC LIMIT $2", session_id, self.settings.history_messages)
+                "SELECT m.ordinal, m.role, m.content, m.token_count FROM agw_sessions s LEFT JOIN LATERAL ("
+                "  SELECT ordinal, role, content, token_count FROM agw_messages WHERE session_id = s.id"
+                "  ORDER BY ordinal DESC LIMIT $3) m ON true"
+                " WHERE s.id = $1 AND s.tenant = $2 ORDER BY m.ordinal DESC", session_id, tenant,
+                self.settings.history_messages)
 
         rows = await self.database.run(load)
-        if rows is None:
+        if not rows:
             raise NotFound(f"session {session_id} does not exist")
+        rows = [row for row in rows if row["ordinal"] is not None]
         window = history_window(rows, max_messages=self.settings.history_messages,
                                 token_budget=self.settings.history_token_budget,
                                 step=self.settings.history_window_step)
@@ -149,29 +151,14 @@ class ChatTurns:
         return json.loads(stored) if stored else None
 
     async def _persist(self, tenant, session_id, request, answer: str, completion_tokens: int, result_json: dict) -> None:
-        async def write(connection):
-            async with connection.transaction():
-                # Lock the session row: concurrent turns of one session get consecutive ordinals.
-                owned = await connection.fetchval(
-                    "SELECT 1 FROM agw_sessions WHERE id = $1 AND tenant = $2 FOR UPDATE", session_id, tenant)
-                if owned is None:
-                    raise NotFound(f"session {session_id} does not exist")
-                if request.idempotency_key:
-                    claimed = await connection.fetchval(
-                        "INSERT INTO agw_turns (session_id, idempotency_key, result) VALUES ($1, $2, $3::jsonb)"
-                        " ON CONFLICT DO NOTHING RETURNING 1", session_id, request.idempotency_key, json.dumps(result_json))
-                    if claimed is None:
-                        return  # a concurrent retry stored this turn first
-                last = await connection.fetchval(
-                    "SELECT coalesce(max(ordinal), -1) FROM agw_messages WHERE session_id = $1", session_id)
-                await connection.executemany(
-                    "INSERT INTO agw_messages (session_id, ordinal, role, content, token_count, trace_id)"
-                    " VALUES ($1, $2, $3, $4, $5, $6)",
-                    [(session_id, last + 1, "user", request.message, estimate_tokens(request.message), ""),
-                     (session_id, last + 2, "assistant", answer, completion_tokens, "")],
-                )
-
-        await self.database.run(write)
+        # One round trip: migrations/0002_store_turn.sql locks the session,
+        # claims the idempotency key and appends both messages in one transaction.
+        outcome = await self.database.run(lambda connection: connection.fetchval(
+            "SELECT agw_store_turn($1, $2, $3, $4::jsonb, $5, $6, $7, $8)",
+            session_id, tenant, request.idempotency_key, json.dumps(result_json),
+            request.message, estimate_tokens(request.message), answer, completion_tokens))
+        if outcome == "not_found":
+            raise NotFound(f"session {session_id} does not exist")
 
     async def run(self, tenant: str, request: pb.ChatRequest, context, admitted_at: float, clock: Clock):
         session_id = self._validate(request)

@@ -94,6 +94,25 @@ async def test_idempotent_retry_stores_the_turn_once(stub):
     assert messages[0].content == INJECTION  # stored and returned exactly as sent
 
 
+async def test_concurrent_turns_of_one_session_get_consecutive_pairs(stub):
+    session = await _session(stub)
+    questions = [f"Question {i}?" for i in range(4)]
+    await asyncio.gather(*(_turn(stub, session_id=session, message=q) for q in questions))
+    messages = (await stub.ListMessages(pb.ListMessagesRequest(session_id=session), timeout=5)).messages
+    assert [m.ordinal for m in messages] == list(range(8))
+    assert [m.role for m in messages] == [inference_pb2.ROLE_USER, inference_pb2.ROLE_ASSISTANT] * 4
+    assert sorted(m.content for m in messages[::2]) == questions  # every turn stored, as a pair
+
+
+async def test_a_retry_racing_its_original_stores_the_turn_once(stub):
+    session = await _session(stub)
+    request = dict(session_id=session, message="Only once, please.", idempotency_key="racing")
+    finals = [final for _, final in await asyncio.gather(_turn(stub, **request), _turn(stub, **request))]
+    assert all(final.usage.completion_tokens == 8 for final in finals)
+    messages = (await stub.ListMessages(pb.ListMessagesRequest(session_id=session), timeout=5)).messages
+    assert [m.content for m in messages][:1] == ["Only once, please."] and len(messages) == 2
+
+
 async def test_retrieval_failure_degrades_the_turn(stub):
     _, final = await _turn(stub, message="Anything?", retrieval=pb.RetrievalOptions(collection="no-such-collection"))
     assert final.degraded and final.degraded_reason.startswith("no context: retrieval failed")
