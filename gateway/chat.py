@@ -150,13 +150,14 @@ class ChatTurns:
             "SELECT result FROM agw_turns WHERE session_id = $1 AND idempotency_key = $2", session_id, key))
         return json.loads(stored) if stored else None
 
-    async def _persist(self, tenant, session_id, request, answer: str, completion_tokens: int, result_json: dict) -> None:
-        # One round trip: migrations/0002_store_turn.sql locks the session,
+    async def _persist(self, tenant, session_id, request, answer: str, completion_tokens: int, result_json: dict,
+                       trace_id: str) -> None:
+        # One round trip: agw_store_turn() (migrations 0002, 0003) locks the session,
         # claims the idempotency key and appends both messages in one transaction.
         outcome = await self.database.run(lambda connection: connection.fetchval(
-            "SELECT agw_store_turn($1, $2, $3, $4::jsonb, $5, $6, $7, $8)",
+            "SELECT agw_store_turn($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9)",
             session_id, tenant, request.idempotency_key, json.dumps(result_json),
-            request.message, estimate_tokens(request.message), answer, completion_tokens))
+            request.message, estimate_tokens(request.message), answer, completion_tokens, trace_id))
         if outcome == "not_found":
             raise NotFound(f"session {session_id} does not exist")
 
@@ -290,7 +291,7 @@ class ChatTurns:
             final.timings.CopyFrom(timings)
             with _TRACER.start_as_current_span("persist"):
                 await self._persist(tenant, session_id, request, answer, final.usage.completion_tokens,
-                                    {"text": answer, "final": final.SerializeToString().hex()})
+                                    {"text": answer, "final": final.SerializeToString().hex()}, trace_id)
             timings.persist_ms = clock.ms(persist_started)
         timings.total_ms = clock.ms()
         final.timings.CopyFrom(timings)

@@ -58,7 +58,8 @@ class _ServerSpan:
     """The call's SERVER span: the caller's W3C context as parent, current while the call runs.
 
     Attached and detached in the call's own task (a handler runs in one task
-    from start to end), and ended however the call ends. The trace id goes
+    from start to end, unless a cancelled call leaves it to asyncio's
+    generator finaliser), and ended however the call ends. The trace id goes
     back to the caller in the ``x-trace-id`` trailer.
     """
 
@@ -67,6 +68,7 @@ class _ServerSpan:
         self.span = _TRACER.start_span(method.lstrip("/"), context=parent, kind=trace.SpanKind.SERVER,
                                        attributes={"rpc.system": "grpc", "rpc.method": method})
         self._token = otel_context.attach(trace.set_span_in_context(self.span, parent))
+        self._task = _current_task()
         self.trace_id = trace_id_hex(self.span)
         context.set_trailing_metadata(((TRACE_ID_KEY, self.trace_id),))
         self._method = method
@@ -83,10 +85,19 @@ class _ServerSpan:
         _CALL_DURATION.record((time.perf_counter() - self._started) * 1000,
                               {"rpc.method": self._method, "rpc.grpc.status_code": self._code.name})
         self.span.end()
-        try:
+        # A streaming handler left suspended at a yield by a cancelled call is
+        # closed later by asyncio's generator finaliser, in a task of its own:
+        # its context is not the one attached to (OpenTelemetry would log an
+        # ERROR for every such cancel), and the call's own context is gone.
+        if _current_task() is self._task:
             otel_context.detach(self._token)
-        except ValueError:  # closed from another context (a generator finalised late)
-            pass
+
+
+def _current_task() -> asyncio.Task | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running loop: finalised outside it
+        return None
 
 
 async def _abort(context: grpc.aio.ServicerContext, error: ServiceError, span: _ServerSpan) -> None:

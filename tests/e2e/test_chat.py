@@ -44,7 +44,7 @@ async def _session(stub) -> str:
     return (await stub.CreateSession(pb.CreateSessionRequest(), timeout=5)).session.id
 
 
-async def test_two_turns_share_history_and_the_prefix_cache(stub):
+async def test_two_turns_share_history_and_the_prefix_cache(stub, recorded_spans):  # spans: real trace ids
     session = await _session(stub)
     system = f"{uuid.uuid4().hex} {LONG_SYSTEM}"  # unique: turn 1 cannot hit the cache
     _, first = await _turn(stub, session_id=session, message="What does the for statement do?", system_prompt=system)
@@ -58,6 +58,9 @@ async def test_two_turns_share_history_and_the_prefix_cache(stub):
         (0, inference_pb2.ROLE_USER), (1, inference_pb2.ROLE_ASSISTANT),
         (2, inference_pb2.ROLE_USER), (3, inference_pb2.ROLE_ASSISTANT)]
     assert messages[0].content == "What does the for statement do?"
+    # Each stored message leads to the trace of the turn that stored it.
+    assert [m.trace_id for m in messages] == [first.trace_id] * 2 + [second.trace_id] * 2
+    assert first.trace_id != second.trace_id and len(first.trace_id) == 32
 
 
 async def test_context_deltas_and_final_event(stub):
@@ -253,14 +256,18 @@ async def test_turn_cancelled_at_its_context_event_stores_nothing_and_frees_the_
     from tests.support.grpc_client import mtls_channel
 
     session = await _session(stub)
-    call = stub.Chat(pb.ChatRequest(
-        session_id=session, message="How does the for statement work?",
-        retrieval=pb.RetrievalOptions(collection="pydoc", top_k=2),
-        generation=inference_pb2.SamplingParams(max_tokens=3000, ignore_eos=True)), timeout=60)
-    assert (await call.read()).WhichOneof("event") == "context"
-    call.cancel()
+    # The load probe connects first: a TLS handshake with the inference
+    # service while it streams can fail on this 2-core machine (see
+    # docs/architecture.md, "Known issue").
     async with mtls_channel(inference_service.port, pki.root, identity="gateway") as channel:
         inference = inference_pb2_grpc.InferenceStub(channel)
+        await inference.GetLoad(inference_pb2.GetLoadRequest(), timeout=10)
+        call = stub.Chat(pb.ChatRequest(
+            session_id=session, message="How does the for statement work?",
+            retrieval=pb.RetrievalOptions(collection="pydoc", top_k=2),
+            generation=inference_pb2.SamplingParams(max_tokens=3000, ignore_eos=True)), timeout=60)
+        assert (await call.read()).WhichOneof("event") == "context"
+        call.cancel()
         for _ in range(50):
             load = await inference.GetLoad(inference_pb2.GetLoadRequest(), timeout=5)
             if (load.running_requests, load.waiting_requests) == (0, 0):
