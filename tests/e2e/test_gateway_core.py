@@ -122,7 +122,12 @@ async def test_generate_passes_through_on_m_connections(stub, inference_service)
     for _ in range(50):
         async for _ in stub.Generate(_generate(1), timeout=30):
             pass
-    # Server side of the inference port: our M channels, plus this test's own GetLoad channels (none open now).
+    # Server side of the inference port: our M channels. Another test's probe
+    # channel, closed just before, can take a moment to leave ESTABLISHED.
+    for _ in range(50):
+        if established_connections(inference_service.port) == M:
+            break
+        await asyncio.sleep(0.1)
     assert established_connections(inference_service.port) == M
 
 

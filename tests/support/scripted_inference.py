@@ -6,7 +6,10 @@ time or raise a chosen error on demand. The real inference service is tested
 against vLLM elsewhere; this exists only to inject timings and faults.
 
 Script, through the request:
-- Generate: ``prompt`` = "tokens=N delay=S" streams N messages S seconds apart.
+- Generate: ``prompt`` = "tokens=N delay=S" streams N messages S seconds apart;
+  "pad=B" adds B bytes to each message's text (to fill flow-control windows).
+  Every stream's prompt is appended to ``ScriptedInference.closed`` when its
+  handler's cleanup has run, however the call ended.
 - Tokenize: ``text`` = "invalid" | "busy" | "crash" raises that failure;
   anything else returns one id per character.
 
@@ -35,21 +38,27 @@ class ScriptedSettings(ServiceSettings):
     closed_file: Path | None = None
 
 
-def parse_script(prompt: str) -> tuple[int, float]:
-    fields = dict(part.split("=", 1) for part in prompt.split())
-    return int(fields.get("tokens", 3)), float(fields.get("delay", 0))
+def parse_script(prompt: str) -> tuple[int, float, int]:
+    fields = dict(part.split("=", 1) for part in prompt.split() if "=" in part)
+    return int(fields.get("tokens", 3)), float(fields.get("delay", 0)), int(fields.get("pad", 0))
 
 
 class ScriptedInference(inference_pb2_grpc.InferenceServicer):
+    def __init__(self) -> None:
+        self.closed: list[str] = []
+
     async def Generate(self, request, context):
-        tokens, delay = parse_script(request.prompt)
-        for index in range(tokens):
-            if index:
-                await asyncio.sleep(delay)
-            yield inference_pb2.GenerateResponse(text=f"t{index} ", token_ids=[index])
-        yield inference_pb2.GenerateResponse(
-            result=inference_pb2.GenerationResult(finish_reason=inference_pb2.FINISH_REASON_LENGTH)
-        )
+        tokens, delay, pad = parse_script(request.prompt)
+        try:
+            for index in range(tokens):
+                if index:
+                    await asyncio.sleep(delay)
+                yield inference_pb2.GenerateResponse(text=f"t{index} " + "x" * pad, token_ids=[index])
+            yield inference_pb2.GenerateResponse(
+                result=inference_pb2.GenerationResult(finish_reason=inference_pb2.FINISH_REASON_LENGTH)
+            )
+        finally:
+            self.closed.append(request.prompt)
 
     async def Tokenize(self, request, context):
         if request.text == "invalid":
@@ -67,9 +76,10 @@ class ScriptedApp:
 
     def __init__(self, settings: ScriptedSettings) -> None:
         self.settings = settings
+        self.servicer = ScriptedInference()
 
     def register(self, server) -> None:
-        inference_pb2_grpc.add_InferenceServicer_to_server(ScriptedInference(), server)
+        inference_pb2_grpc.add_InferenceServicer_to_server(self.servicer, server)
 
     @asynccontextmanager
     async def lifespan(self, health):

@@ -20,8 +20,16 @@ def free_port() -> int:
 
 
 @asynccontextmanager
-async def scripted_server(tls_dir: Path, *, credentials: grpc.ServerCredentials | None = None, **overrides):
-    """A scripted Inference server on a free loopback port; yields RunningService."""
+async def scripted_app(tls_dir: Path, *, credentials: grpc.ServerCredentials | None = None, **overrides):
+    """A scripted Inference server on a free loopback port; yields (RunningService, ScriptedApp)."""
     settings = ScriptedSettings(tls_dir=tls_dir, port=0, grace_s=2.0, **overrides)
-    async with running_service(ScriptedApp(settings), settings, credentials=credentials) as running:
+    app = ScriptedApp(settings)
+    async with running_service(app, settings, credentials=credentials) as running:
+        yield running, app
+
+
+@asynccontextmanager
+async def scripted_server(tls_dir: Path, **options):
+    """A scripted Inference server on a free loopback port; yields RunningService."""
+    async with scripted_app(tls_dir, **options) as (running, _):
         yield running
