@@ -32,6 +32,7 @@ from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from agent.retrieval.v1 import retrieval_pb2
 from gateway.history import history_window
 from gateway.settings import GatewaySettings
+from retrieval.convert import passage_to_proto
 from retrieval.ingest import sample_corpus
 from servicekit import ChannelSpec, ClientTls, load_settings, open_channel, wait_ready
 
@@ -43,14 +44,7 @@ DIRECT_CACHE_SALT = "bench-direct"
 
 
 def _documents() -> list[retrieval_pb2.Document]:
-    from google.protobuf import struct_pb2
-
-    documents = []
-    for passage in sample_corpus(max_per_topic=2)[:120]:
-        payload = struct_pb2.Struct()
-        payload.update(passage.payload)
-        documents.append(retrieval_pb2.Document(id=passage.id, text=passage.text, payload=payload))
-    return documents
+    return [passage_to_proto(passage) for passage in sample_corpus(max_per_topic=2)[:120]]
 
 
 async def gateway_turn(stub, session: str, question: str) -> dict:

@@ -18,12 +18,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 from harness import command_line, dev_pki, print_table, retrieval_process, scratch_dir, summary, write_json
 
 from agent.retrieval.v1 import retrieval_pb2 as pb
 from agent.retrieval.v1 import retrieval_pb2_grpc
+from retrieval.convert import passage_to_proto
 from retrieval.ingest import sample_corpus
 from servicekit import ChannelSpec, ClientTls, open_channel, wait_ready
 
@@ -49,36 +51,25 @@ async def searches(stub, concurrency: int, n: int) -> list[float]:
     return latencies
 
 
-
 async def run(ports: dict[str, int], tls_dir: Path, levels: list[int], n: int) -> dict:
-    from google.protobuf import struct_pb2
-
-    documents = []
-    for passage in sample_corpus(max_per_topic=2)[:200]:
-        payload = struct_pb2.Struct()
-        payload.update(passage.payload)
-        documents.append(pb.Document(id=passage.id, text=passage.text, payload=payload))
-    stubs, channels = {}, []
-    for name, port in ports.items():
-        channel = open_channel(ChannelSpec(target=f"127.0.0.1:{port}", tls=ClientTls.from_dir(tls_dir, "gateway")))
-        channels.append(channel)
-        await wait_ready(channel, timeout_s=60, target=name)
-        stubs[name] = retrieval_pb2_grpc.RetrievalStub(channel)
-        await stubs[name].CreateCollection(pb.CreateCollectionRequest(collection=pb.Collection(name="docs")), timeout=10)
-        await stubs[name].Upsert(pb.UpsertRequest(collection="docs", documents=documents), timeout=300)
-        await searches(stubs[name], 1, 8)  # warm
-    results: dict[int, dict[str, list[float]]] = {}
-    try:
+    documents = [passage_to_proto(passage) for passage in sample_corpus(max_per_topic=2)[:200]]
+    async with AsyncExitStack() as stack:
+        stubs = {}
+        for name, port in ports.items():
+            channel = await stack.enter_async_context(open_channel(ChannelSpec(
+                target=f"127.0.0.1:{port}", tls=ClientTls.from_dir(tls_dir, "gateway"))))
+            await wait_ready(channel, timeout_s=60, target=name)
+            stub = stubs[name] = retrieval_pb2_grpc.RetrievalStub(channel)
+            await stub.CreateCollection(pb.CreateCollectionRequest(collection=pb.Collection(name="docs")), timeout=10)
+            await stub.Upsert(pb.UpsertRequest(collection="docs", documents=documents), timeout=300)
+            await searches(stub, 1, 8)  # warm
+        results: dict[int, dict[str, list[float]]] = {}
         for concurrency in levels:
             rows = results.setdefault(concurrency, {name: [] for name in stubs})
             for half in range(2):
-                order = list(stubs) if half == 0 else list(reversed(stubs))
-                for name in order:
+                for name in (list(stubs) if half == 0 else list(reversed(stubs))):
                     rows[name] += await searches(stubs[name], concurrency, n // 2)
-    finally:
-        for channel in channels:
-            await channel.close()
-    return results
+        return results
 
 
 def main() -> int:

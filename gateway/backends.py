@@ -20,6 +20,7 @@ from agent.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from servicekit.channels import ChannelSpec
 from servicekit.errors import DeadlineExceeded, from_rpc_error
 from servicekit.pki import GATEWAY_IDENTITY
+from servicekit.tasks import cancel_and_wait
 from servicekit.telemetry import outgoing_metadata
 from servicekit.tls import ClientTls
 
@@ -147,5 +148,5 @@ async def open_backends(settings: GatewaySettings, admission: Admission) -> Asyn
         if settings.max_inference_waiting:
             watcher = asyncio.create_task(_watch_inference_load(
                 backends, admission, settings.max_inference_waiting, settings.load_poll_s))
-            stack.callback(watcher.cancel)
+            stack.push_async_callback(cancel_and_wait, watcher)
         yield backends

@@ -33,6 +33,7 @@ from agent.inference.v1 import inference_pb2
 from agent.retrieval.v1 import retrieval_pb2
 from servicekit.errors import InvalidArgument, NotFound, ResourceExhausted, ServiceError, Unavailable
 from servicekit.metrics import meter
+from servicekit.tasks import cancel_and_wait
 from servicekit.telemetry import trace_id_hex
 
 from gateway.backends import Backends
@@ -59,14 +60,6 @@ async def _prepend(first, rest):
         yield first
         async for item in rest:
             yield item
-
-
-async def _cancel(task: asyncio.Future) -> None:
-    task.cancel()
-    try:
-        await task
-    except BaseException:  # noqa: BLE001 - its outcome no longer matters; the caller re-raises its own
-        pass
 
 
 def _over_context(error: ServiceError) -> bool:
@@ -152,7 +145,7 @@ class ChatTurns:
 
     async def _persist(self, tenant, session_id, request, answer: str, completion_tokens: int, result_json: dict,
                        trace_id: str) -> None:
-        # One round trip: agw_store_turn() (migrations 0002, 0003) locks the session,
+        # One round trip: agw_store_turn() (migrations/0002_store_turn.sql) locks the session,
         # claims the idempotency key and appends both messages in one transaction.
         outcome = await self.database.run(lambda connection: connection.fetchval(
             "SELECT agw_store_turn($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9)",
@@ -247,7 +240,7 @@ class ChatTurns:
                                 context_event = None
                             first = await first_read
                         except BaseException:
-                            await _cancel(first_read)  # done before aclosing closes the stream it reads
+                            await cancel_and_wait(first_read)  # done before aclosing closes the stream it reads
                             raise
                         async for message in _prepend(first, stream):
                             if message.text:

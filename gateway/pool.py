@@ -25,6 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from servicekit.channels import ChannelNotReady, ChannelSpec, open_channel, wait_ready
 from servicekit.errors import Unavailable
+from servicekit.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +142,6 @@ class ChannelPool:
             pooled.stats.in_flight -= 1
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(*self._tasks)
         self._tasks.clear()
         await asyncio.gather(*(p.channel.close() for p in self.channels), return_exceptions=True)

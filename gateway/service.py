@@ -17,7 +17,6 @@ from opentelemetry import trace
 
 from agent.gateway.v1 import gateway_pb2 as pb
 from agent.gateway.v1 import gateway_pb2_grpc
-from agent.inference.v1 import inference_pb2
 from agent.retrieval.v1 import retrieval_pb2
 from servicekit.errors import InvalidArgument, NotFound, ServiceError
 from servicekit.metrics import gauge, meter
@@ -59,14 +58,11 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
 
     async def Generate(self, request, context):
         tenant = self._tenant(context)
-        backend_request = request.request
-        if self.settings.prefix_cache == "tenant":
-            backend_request = inference_pb2.GenerateRequest()
-            backend_request.CopyFrom(request.request)
-            backend_request.cache_salt = tenant_cache_salt(tenant, request.request.cache_salt)
+        if self.settings.prefix_cache == "tenant":  # the request is ours to change: no copy of the prompt
+            request.request.cache_salt = tenant_cache_salt(tenant, request.request.cache_salt)
         with ExitStack() as slot:
             self._admit(slot)
-            async for message in self.backends.generate(backend_request, context):
+            async for message in self.backends.generate(request.request, context):
                 yield pb.GenerateResponse(response=message)
 
     async def Retrieve(self, request, context):

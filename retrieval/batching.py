@@ -14,6 +14,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
+from servicekit.tasks import cancel_and_wait
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -70,11 +72,7 @@ class MicroBatcher(Generic[T, R]):
     async def close(self) -> None:
         """Cancel the batch in progress and every queued call."""
         if self._drainer is not None:
-            self._drainer.cancel()
-            try:
-                await self._drainer
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(self._drainer)
         # A drain cancelled before it ever ran left its queue behind.
         for _, future in self._queue:
             future.cancel()

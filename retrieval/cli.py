@@ -7,13 +7,12 @@ import asyncio
 import sys
 from pathlib import Path
 
-from google.protobuf import struct_pb2
-
 from agent.retrieval.v1 import retrieval_pb2 as pb
 from agent.retrieval.v1 import retrieval_pb2_grpc
 from servicekit import ChannelSpec, ClientTls, open_channel, wait_ready
 from servicekit.pki import GATEWAY_IDENTITY
 
+from retrieval.convert import passage_to_proto
 from retrieval.ingest import Passage, files_to_passages, sample_corpus
 
 # Only the contract, not the service: this module is imported by every
@@ -63,11 +62,7 @@ async def ingest(args, tls_dir: Path) -> int:
                 collection=pb.Collection(name=args.collection, default_payload_fields=["text", "source"])), timeout=10)
         print(f"ingesting {len(passages)} passages into {args.collection!r}", file=sys.stderr)
         for start in range(0, len(passages), BATCH):
-            documents = []
-            for passage in passages[start:start + BATCH]:
-                payload = struct_pb2.Struct()
-                payload.update(passage.payload)
-                documents.append(pb.Document(id=passage.id, text=passage.text, payload=payload))
+            documents = [passage_to_proto(passage) for passage in passages[start:start + BATCH]]
             await stub.Upsert(pb.UpsertRequest(collection=args.collection, documents=documents), timeout=300)
             _progress(min(start + BATCH, len(passages)), len(passages))
     print(file=sys.stderr)

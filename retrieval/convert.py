@@ -8,6 +8,7 @@ from agent.retrieval.v1 import retrieval_pb2 as pb
 from servicekit.errors import InvalidArgument
 
 from retrieval.core import Document, SearchInput, SearchOutput
+from retrieval.ingest import Passage
 from retrieval.stores.base import CollectionSpec, Condition, PayloadFilter
 from retrieval.tuning import TuneReport
 
@@ -46,6 +47,13 @@ def collection_to_proto(spec: CollectionSpec, point_count: int) -> pb.Collection
         default_payload_fields=list(spec.default_payload_fields),
         tenant=spec.tenant,
     )
+
+
+def passage_to_proto(passage: Passage, **extra_payload) -> pb.Document:
+    """A passage as a Document to upsert; the retrieval service embeds its text."""
+    payload = struct_pb2.Struct()
+    payload.update({**passage.payload, **extra_payload})
+    return pb.Document(id=passage.id, text=passage.text, payload=payload)
 
 
 def documents_from_proto(documents) -> list[Document]:

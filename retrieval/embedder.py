@@ -29,7 +29,7 @@ def default_model_path() -> Path:
 class Embedder:
     """Encodes texts on its own thread pool; build it with :meth:`load`."""
 
-    def __init__(self, model, executor: ThreadPoolExecutor, name: str, query_batch: int = 16) -> None:
+    def __init__(self, model, executor: ThreadPoolExecutor, name: str, query_batch: int) -> None:
         self._model = model
         self._executor = executor
         self.name = name

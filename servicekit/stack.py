@@ -101,18 +101,13 @@ def _ports(name: str, settings_cls) -> tuple[int, int]:
 
 
 async def _ingest_sample(connection: Connection) -> int:
-    from google.protobuf import struct_pb2
-
     from agent.gateway.v1 import gateway_pb2, gateway_pb2_grpc
     from agent.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
     from gateway.tenancy import physical_collection
+    from retrieval.convert import passage_to_proto
     from retrieval.ingest import sample_corpus
 
-    documents = []
-    for passage in sample_corpus(max_per_topic=2):
-        payload = struct_pb2.Struct()
-        payload.update(passage.payload)
-        documents.append(retrieval_pb2.Document(id=passage.id, text=passage.text, payload=payload))
+    documents = [passage_to_proto(passage) for passage in sample_corpus(max_per_topic=2)]
     async with connection.gateway_channel() as channel:
         await gateway_pb2_grpc.AgentGatewayStub(channel).IngestDocuments(
             gateway_pb2.IngestDocumentsRequest(collection=SAMPLE_COLLECTION, documents=documents), timeout=300)

@@ -5,13 +5,12 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from google.protobuf import struct_pb2
-
 from agent.retrieval.v1 import retrieval_pb2 as pb
 from agent.retrieval.v1 import retrieval_pb2_grpc
 from retrieval.service import RETRIEVAL_SERVICE, RetrievalApp
 from retrieval.settings import RetrievalSettings
 from servicekit import running_service
+from retrieval.convert import passage_to_proto
 from retrieval.ingest import Passage
 from tests.support.grpc_client import mtls_channel
 
@@ -32,9 +31,5 @@ async def retrieval_stub(port: int, tls_dir: Path, **channel_options):
 
 
 def passage_documents(passages: list[Passage]) -> list[pb.Document]:
-    documents = []
-    for passage in passages:
-        payload = struct_pb2.Struct()
-        payload.update({**passage.payload, "long": len(passage.text) > 800})
-        documents.append(pb.Document(id=passage.id, text=passage.text, payload=payload))
-    return documents
+    """The passages as Documents, with a boolean ``long`` payload field for filter tests."""
+    return [passage_to_proto(passage, long=len(passage.text) > 800) for passage in passages]
