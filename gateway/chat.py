@@ -138,9 +138,12 @@ class ChatTurns:
         )
         return list((await self.backends.search(search, context)).results)
 
-    async def _replay(self, session_id: uuid.UUID, key: str):
+    async def _replay(self, tenant: str, session_id: uuid.UUID, key: str):
+        # Scoped to the tenant like every session query: another tenant's retry
+        # with a guessed session id and key must not read the stored answer.
         stored = await self.database.run(lambda c: c.fetchval(
-            "SELECT result FROM agw_turns WHERE session_id = $1 AND idempotency_key = $2", session_id, key))
+            "SELECT t.result FROM agw_turns t JOIN agw_sessions s ON s.id = t.session_id"
+            " WHERE t.session_id = $1 AND t.idempotency_key = $2 AND s.tenant = $3", session_id, key, tenant))
         return json.loads(stored) if stored else None
 
     async def _persist(self, tenant, session_id, request, answer: str, completion_tokens: int, result_json: dict,
@@ -160,7 +163,7 @@ class ChatTurns:
         timings = pb.StageTimings(admission_ms=(admitted_at - clock.started) * 1000)
 
         if session_id is not None and request.idempotency_key:
-            stored = await self._replay(session_id, request.idempotency_key)
+            stored = await self._replay(tenant, session_id, request.idempotency_key)
             if stored is not None:
                 yield pb.ChatResponse(delta=pb.TokenDelta(text=stored["text"]))
                 final = pb.TurnSummary()
@@ -191,7 +194,12 @@ class ChatTurns:
         degraded = []
         if retrieval_error is not None:
             timed_out = isinstance(retrieval_error, asyncio.TimeoutError)
-            if isinstance(retrieval_error, InvalidArgument) or self.settings.fail_on_retrieval_error:
+            # The caller's own mistake (a bad collection name here, a top_k past
+            # the cap or a bad filter at the retrieval service) fails the turn:
+            # degrading would hide it. A backend's INVALID_ARGUMENT arrives as a
+            # ServiceError with that code, not as an InvalidArgument.
+            client_fault = getattr(retrieval_error, "code", None) == grpc.StatusCode.INVALID_ARGUMENT
+            if client_fault or self.settings.fail_on_retrieval_error:
                 raise Unavailable("retrieval timed out") if timed_out else retrieval_error
             reason = f"timed out after {self.settings.retrieval_budget_s:g}s" if timed_out else f"failed: {retrieval_error}"
             degraded.append(f"no context: retrieval {reason}")

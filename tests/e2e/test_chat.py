@@ -21,13 +21,18 @@ LONG_SYSTEM = " ".join(["You answer questions about Python's statements and data
 
 
 @pytest.fixture(scope="module")
-async def stub(tmp_path_factory, pki, inference_service, database_url):
+async def gateway(tmp_path_factory, pki, inference_service, database_url):
     async with retrieval_server(tmp_path_factory.mktemp("chat-retrieval"), pki.root) as (retrieval, _):
         async with gateway_server(pki.root, inference_service.port, retrieval.port, database_url=database_url) as (gw, _):
-            async with gateway_stub(gw.port, pki.root) as stub:
-                await stub.IngestDocuments(pb.IngestDocumentsRequest(
-                    collection="pydoc", documents=passage_documents(sample_corpus(max_per_topic=2)[:80])), timeout=120)
-                yield stub
+            yield gw
+
+
+@pytest.fixture(scope="module")
+async def stub(gateway, pki):
+    async with gateway_stub(gateway.port, pki.root) as stub:
+        await stub.IngestDocuments(pb.IngestDocumentsRequest(
+            collection="pydoc", documents=passage_documents(sample_corpus(max_per_topic=2)[:80])), timeout=120)
+        yield stub
 
 
 def _generation(tokens: int = 8) -> inference_pb2.SamplingParams:
@@ -116,6 +121,18 @@ async def test_a_retry_racing_its_original_stores_the_turn_once(stub):
     assert [m.content for m in messages][:1] == ["Only once, please."] and len(messages) == 2
 
 
+async def test_another_tenants_session_is_not_found_and_untouched(gateway, stub, pki):
+    session = await _session(stub)
+    await _turn(stub, session_id=session, message="Mine.", idempotency_key="turn-1")
+    async with gateway_stub(gateway.port, pki.root, identity="other") as other:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:  # the owner's key: no replay of its answer either
+            await _turn(other, session_id=session, message="Mine.", idempotency_key="turn-1")
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert caught.value.details() == f"session {session} does not exist"  # as for a session that never was
+    messages = (await stub.ListMessages(pb.ListMessagesRequest(session_id=session), timeout=5)).messages
+    assert [m.content for m in messages][::2] == ["Mine."]
+
+
 async def test_retrieval_failure_degrades_the_turn(stub):
     _, final = await _turn(stub, message="Anything?", retrieval=pb.RetrievalOptions(collection="no-such-collection"))
     assert final.degraded and final.degraded_reason.startswith("no context: retrieval failed")
@@ -129,6 +146,9 @@ async def test_retrieval_failure_degrades_the_turn(stub):
     (dict(message="hi", idempotency_key="k"), grpc.StatusCode.INVALID_ARGUMENT, "needs a session_id"),
     (dict(message="hi", retrieval=pb.RetrievalOptions(collection="../etc")), grpc.StatusCode.INVALID_ARGUMENT,
      "not a valid collection name"),
+    # top_k is a uint32: a negative one cannot be sent; one past the cap is refused.
+    (dict(message="hi", retrieval=pb.RetrievalOptions(collection="pydoc", top_k=1000)),
+     grpc.StatusCode.INVALID_ARGUMENT, "top_k: must be between 1 and 100"),
 ])
 async def test_bad_input_gets_its_status(stub, fields, code, needle):
     with pytest.raises(grpc.aio.AioRpcError) as caught:
