@@ -13,6 +13,7 @@ from transformers import AutoTokenizer
 
 from agent.inference.v1 import inference_pb2 as pb
 from agent.inference.v1 import inference_pb2_grpc
+from servicekit import ChannelSpec, ClientTls
 from servicekit.errors import retry_delay_s
 from tests.support.grpc_client import mtls_channel
 
@@ -163,15 +164,31 @@ async def test_deadline_aborts_the_engine_request(stub, probe):
     await _wait_idle(probe, within_s=1.0)
 
 
-async def test_caller_request_id_is_kept_and_must_be_unique(stub, probe):
+@pytest.fixture
+async def narrow(inference_service):
+    """A connection that lets the server send only about 1 KiB ahead per stream.
+
+    A stream the test leaves unread then stalls the server's handler at its
+    next write after a few dozen tokens: the request stays in flight until
+    the test reads or cancels it, however fast or slow this machine is.
+    """
+    spec = ChannelSpec(target=f"127.0.0.1:{inference_service.port}",
+                       tls=ClientTls.from_dir(inference_service.tls_dir, "gateway"))
+    options = [*spec.options(), ("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1024)]
+    async with grpc.aio.secure_channel(spec.target, spec.tls.credentials(), options=options) as channel:
+        yield inference_pb2_grpc.InferenceStub(channel)
+
+
+async def test_caller_request_id_is_kept_and_must_be_unique(stub, narrow, probe):
     await _wait_idle(probe, within_s=15)  # a quiet engine, whatever ran before
     # Two calls with one id, sent together: whichever the server takes first
-    # claims the id before its first await, so the other is refused however
-    # fast or slow this machine is.
+    # claims the id before its first await, so the other is refused. The
+    # claimer stalls on the narrow connection's window, so it cannot have
+    # finished (and released the id) by the time the other arrives.
     same_id = pb.GenerateRequest(
         request_id="caller-id-1", prompt="Hold on.", sampling=pb.SamplingParams(max_tokens=LONG, ignore_eos=True)
     )
-    calls = [stub.Generate(same_id, timeout=30), stub.Generate(same_id, timeout=30)]
+    calls = [narrow.Generate(same_id, timeout=60), narrow.Generate(same_id, timeout=60)]
 
     async def first_message(call):
         try:
@@ -184,9 +201,13 @@ async def test_caller_request_id_is_kept_and_must_be_unique(stub, probe):
     assert len(refused) == 1, f"expected exactly one refusal, got {outcomes}"
     assert refused[0].code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "already in flight" in refused[0].details()
+    # Still claimed while its stream is stalled: a later call is refused too.
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await _generate(stub, same_id, timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     for call in calls:
         call.cancel()
-    await _wait_idle(probe, within_s=2.0)
+    await _wait_idle(probe, within_s=5.0)
     done = await _generate(stub, pb.GenerateRequest(request_id="caller-id-1", prompt="now", sampling=pb.SamplingParams(max_tokens=2)))
     assert done[-1].result.request_id == "caller-id-1"
 

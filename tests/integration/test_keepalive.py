@@ -63,6 +63,7 @@ async def test_idle_channel_with_disagreeing_policy_gets_goaway(pki):
             # Twice the idle time: the third ping (the strike that draws the
             # GOAWAY) can come late when the machine is busy.
             changes = await _states_while_idle(channel, 2 * IDLE_S)
-            assert changes and changes[0] != grpc.ChannelConnectivity.READY, (
-                "expected GOAWAY too_many_pings to drop the connection"
-            )
+            # Any change means the channel left READY (it started there); it
+            # may be READY again by the time the state is read, having
+            # reconnected at once, so the first state seen can be READY.
+            assert changes, "expected GOAWAY too_many_pings to drop the connection"

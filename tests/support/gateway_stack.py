@@ -35,9 +35,12 @@ class PeerRecorder(grpc.aio.ServerInterceptor):
         return handler._replace(unary_unary=recording)
 
 
-def established_connections(port: int) -> int:
-    """TCP connections the kernel holds ESTABLISHED on the server side of ``port``."""
-    count = 0
+def established_peers(port: int) -> set[str]:
+    """Remote ends of the TCP connections held ESTABLISHED on the server side of ``port``.
+
+    Each entry is the kernel's hex ``address:port`` of one client connection.
+    """
+    peers = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             lines = Path(table).read_text().splitlines()[1:]
@@ -47,8 +50,8 @@ def established_connections(port: int) -> int:
             fields = line.split()
             local_port = int(fields[1].rsplit(":", 1)[1], 16)
             if local_port == port and fields[3] == "01":  # 01 = ESTABLISHED
-                count += 1
-    return count
+                peers.add(fields[2])
+    return peers
 
 
 @asynccontextmanager
