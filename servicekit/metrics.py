@@ -48,12 +48,21 @@ def meter(name: str) -> metrics.Meter:
 def gauge(meter_: metrics.Meter, name: str, read: Callable[[], Iterable[tuple[float, dict]]], *,
           unit: str = "1", description: str = "") -> None:
     """An observable gauge whose ``read()`` yields (value, attributes) pairs at each scrape."""
+    meter_.create_observable_gauge(name, callbacks=[_observe(name, read)], unit=unit, description=description)
 
+
+def counter(meter_: metrics.Meter, name: str, read: Callable[[], Iterable[tuple[float, dict]]], *,
+            unit: str = "1", description: str = "") -> None:
+    """An observable (monotonic) counter whose ``read()`` yields running totals at each scrape."""
+    meter_.create_observable_counter(name, callbacks=[_observe(name, read)], unit=unit, description=description)
+
+
+def _observe(name: str, read: Callable[[], Iterable[tuple[float, dict]]]):
     def callback(_options: CallbackOptions) -> Iterable[Observation]:
         try:
             return [Observation(value, attributes) for value, attributes in read()]
-        except Exception:  # noqa: BLE001 - a scrape must never fail for one gauge
-            log.debug("gauge %s failed to read", name, exc_info=True)
+        except Exception:  # noqa: BLE001 - a scrape must never fail for one instrument
+            log.debug("%s failed to read", name, exc_info=True)
             return []
 
-    meter_.create_observable_gauge(name, callbacks=[callback], unit=unit, description=description)
+    return callback

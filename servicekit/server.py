@@ -32,7 +32,8 @@ from grpc_reflection.v1alpha import reflection
 
 from servicekit.interceptors import EdgeInterceptor, Readiness
 from servicekit.keepalive import GrpcOptions
-from servicekit.metrics import configure_metrics, gauge, meter
+from servicekit.metrics import configure_metrics, counter, gauge, meter
+from servicekit.schedstat import runqueue_wait_s
 from servicekit.settings import ServiceSettings, SettingsError, load_settings
 from servicekit.telemetry import configure_tracing
 from servicekit.tls import ServerTls, TlsConfigError
@@ -152,6 +153,9 @@ async def running_service(
     loop_name = type(asyncio.get_running_loop()).__module__.split(".")[0]
     gauge(meter("servicekit"), "agw.process.info", lambda: [(1, {"service": app.name, "event_loop": loop_name})],
           description="Always 1; its labels say which service and event loop (uvloop or asyncio) this process runs.")
+    counter(meter("servicekit"), "agw.process.runqueue_wait", lambda: _runqueue_wait(app.name), unit="s",
+            description="Seconds the event-loop thread was runnable but waiting for a CPU (Linux schedstat). "
+                        "Growing under load means the host starves this process; see docs/architecture.md.")
     async with AsyncExitStack() as stack:
         stack.push_async_callback(server.stop, None)  # last: whatever happened, stop
         await server.start()
@@ -169,6 +173,11 @@ async def running_service(
         log.info("%s SERVING on port %d after %.0f ms", app.name, port, (time.perf_counter() - started) * 1000)
         yield running
     log.info("%s stopped", app.name)
+
+
+def _runqueue_wait(service: str) -> list[tuple[float, dict]]:
+    waited = runqueue_wait_s()
+    return [] if waited is None else [(waited, {"service": service})]
 
 
 def _write_port_file(path, port: int) -> None:

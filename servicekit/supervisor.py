@@ -27,7 +27,12 @@ class ServiceProcess:
     """``python -m MODULE`` with a port file, a log file and mTLS from ``tls_dir``.
 
     The child gets its own process group, so :meth:`stop` also ends whatever
-    it started (vLLM's engine core and workers).
+    it started (vLLM's engine core and workers). It stays in its parent's
+    session, and so in its parent's scheduler autogroup: on Linux with
+    ``kernel.sched_autogroup_enabled=1`` each session is one CPU-scheduling
+    group, and a service in its own session (``setsid``) next to vLLM's
+    spinning CPU workers in theirs was left runnable but unscheduled for
+    seconds at a time (docs/architecture.md, "CPU scheduling").
     """
 
     def __init__(self, module: str, workdir: Path, tls_dir: Path, env_prefix: str, *,
@@ -47,7 +52,7 @@ class ServiceProcess:
         }
         self.process = subprocess.Popen(
             [sys.executable, "-m", module], cwd=cwd, env=environment,
-            stdout=self.log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=self.log.open("ab"), stderr=subprocess.STDOUT, process_group=0,
         )
 
     @property

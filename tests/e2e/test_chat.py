@@ -269,9 +269,9 @@ async def test_cancelled_turn_stores_nothing_and_frees_the_engine(stub, inferenc
     assert (load.running_requests, load.waiting_requests) == (0, 0), load
 
 
-#: One CI run saw this probe's GetLoad time out (5 s) after the cancel, not
-#: reproduced since in many runs: the delivery delay of docs/architecture.md's
-#: known issue, or a slow cancel. Two reruns; each run asserts in full.
+#: One CI run saw this probe's GetLoad time out (5 s) after the cancel: most
+#: likely the scheduler starvation of docs/architecture.md, "CPU scheduling"
+#: (since fixed). Two reruns stay as a guard; each run asserts in full.
 @pytest.mark.flaky(reruns=2)
 async def test_turn_cancelled_at_its_context_event_stores_nothing_and_frees_the_engine(stub, inference_service, pki):
     # The backend call starts before the context event is written, so a client
@@ -280,9 +280,8 @@ async def test_turn_cancelled_at_its_context_event_stores_nothing_and_frees_the_
     from tests.support.grpc_client import mtls_channel
 
     session = await _session(stub)
-    # The load probe connects first: a TLS handshake with the inference
-    # service while it streams can fail on this 2-core machine (see
-    # docs/architecture.md, "Known issue").
+    # The load probe connects first, so that the test times the engine, not
+    # a TLS handshake made while the machine is busy.
     async with mtls_channel(inference_service.port, pki.root, identity="gateway") as channel:
         inference = inference_pb2_grpc.InferenceStub(channel)
         await inference.GetLoad(inference_pb2.GetLoadRequest(), timeout=10)

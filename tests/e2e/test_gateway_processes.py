@@ -87,7 +87,7 @@ async def test_workers_share_one_port(tmp_path, pki, inference_service, database
             "AGW_GATEWAY_RETRIEVAL_TARGET": f"127.0.0.1:{retrieval.port}", "AGW_DATABASE_URL": database_url,
         }
         process = subprocess.Popen([sys.executable, "-m", "servicekit.cli", "serve", "gateway", "--workers", "2"],
-                                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0)
         try:
             pids: set[int] = set()
             deadline = time.monotonic() + 60

@@ -19,10 +19,12 @@ from tests.support.grpc_client import mtls_channel
 
 pytestmark = pytest.mark.e2e
 
-#: STALL: vLLM's CPU worker spins one of this machine's two cores and its
-#: scheduler the other, so the test process can be starved for seconds and a
-#: 10-second request may be over before the test gets to act on it. The tests
-#: that need a request still running get two reruns; each run asserts fully.
+#: STALL: these tests need a request still running when they act. They were
+#: flaky because the test process sat runnable but unscheduled for seconds
+#: next to vLLM's spinning workers, which ran in another scheduler autogroup
+#: (docs/architecture.md, "CPU scheduling"; fixed in ServiceProcess). The two
+#: reruns stay as a guard on hosts we do not control; each run asserts fully,
+#: and a rerun shows as "R" in the report.
 STALL = pytest.mark.flaky(reruns=2)
 
 #: The test engine's context (TEST_ENGINE_ENV) and a completion that takes

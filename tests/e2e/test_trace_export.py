@@ -213,4 +213,9 @@ async def test_every_service_serves_prometheus_metrics(gateway, retrieval, infer
     for state in ("running", "waiting"):
         assert any(k.startswith("agw_engine_requests{") and f'state="{state}"' in k for k in engine), state
     assert any(k.startswith("agw_engine_kv_cache_usage") for k in engine)
+    # Every service says how long its event loop waited for a CPU (a counter,
+    # so a starved host shows as a rising line, not as a mystery in a trace).
+    for samples in (gw, found, engine):
+        waits = [v for k, v in samples.items() if k.startswith("agw_process_runqueue_wait_seconds_total{")]
+        assert len(waits) == 1 and waits[0] >= 0, samples.keys()
     assert _total(engine, "rpc_server_duration_milliseconds_count", "Generate") >= 1
