@@ -27,6 +27,7 @@ from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from agent.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from servicekit.connection import Connection
 from servicekit.pki import TlsLayout
+from servicekit.schedstat import cpu_scheduling_group, descendants
 
 #: An agent turn's typical length (prompt with history and context, plus the answer).
 TYPICAL_SEQ_TOKENS = 2048
@@ -248,6 +249,34 @@ class Doctor:
                     f"agentgw tune-ef --collection {physical}: picks the smallest ef that meets the recall target"))
         return checks
 
+    # -- CPU scheduling ------------------------------------------------------------
+
+    def scheduling_check(self) -> Check:
+        """The services and vLLM's engine processes share one CPU scheduling group.
+
+        Across groups the kernel shares CPU between groups first: next to
+        vLLM's spinning CPU workers we measured the gateway's process runnable
+        but unscheduled for seconds (docs/architecture.md, "CPU scheduling").
+        """
+        name = "one CPU scheduling group"
+        pids = dict(self.connection.pids)
+        if not pids:
+            return Check(name, Status.WARN, "process ids unknown (--target given)",
+                         "run on the machine of agentgw up, which records them")
+        if "inference" in pids:
+            pids |= {f"inference child {child}": child for child in sorted(descendants(pids["inference"]))}
+        groups = {service: cpu_scheduling_group(pid) for service, pid in pids.items()}
+        if None in groups.values():
+            missing = ", ".join(service for service, group in groups.items() if group is None)
+            return Check(name, Status.WARN, f"cannot read the groups of: {missing}",
+                         "run the doctor on the services' host, as the user that runs them")
+        if len(set(groups.values())) == 1:
+            return Check(name, Status.PASS, f"{len(groups)} processes in {next(iter(groups.values()))}")
+        listed = "; ".join(f"{service}: {group}" for service, group in groups.items())
+        return Check(name, Status.WARN, listed,
+                     "start the services from one session (agentgw up does) or put them in one cgroup; else give "
+                     "the gateway its own cores (cpuset) and watch agw_process_runqueue_wait_seconds_total")
+
     async def run(self) -> list[Check]:
         checks: list[Check] = []
         sections: list[tuple[str, Callable[[], Awaitable[list[Check]]]]] = [
@@ -268,6 +297,7 @@ class Doctor:
                 checks.append(Check(f"{name} reachable", Status.FAIL, detail, f"is the {name} service running?"))
         checks += await asyncio.to_thread(self.tls_checks)
         checks += await asyncio.to_thread(self.loop_checks_from_metrics)
+        checks.append(await asyncio.to_thread(self.scheduling_check))
         return checks
 
 

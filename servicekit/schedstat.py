@@ -22,3 +22,52 @@ def runqueue_wait_s(thread: str = "self") -> float | None:
         return int(fields[1]) / 1e9
     except (OSError, IndexError, ValueError):
         return None
+
+
+def cpu_scheduling_group(pid: int | str = "self") -> str | None:
+    """The group the kernel shares CPU time by, for process ``pid``; None if unknown.
+
+    The process's cgroup for the cpu controller, or, where that is the root
+    and ``kernel.sched_autogroup_enabled`` is 1, its session's autogroup.
+    Processes in different groups get CPU as groups first, then as threads.
+    """
+    try:
+        cgroup_lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    path = None
+    for line in cgroup_lines:
+        _hierarchy, controllers, cgroup_path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            path = cgroup_path  # cgroup v1's cpu controller
+            break
+        if controllers == "" and path is None:
+            path = cgroup_path  # cgroup v2's unified hierarchy
+    if path is None:
+        return None
+    if path != "/" or not _autogroup_enabled():
+        return f"cgroup {path}"
+    try:
+        return Path(f"/proc/{pid}/autogroup").read_text().split()[0].lstrip("/")
+    except (OSError, IndexError):
+        return f"cgroup {path}"
+
+
+def _autogroup_enabled() -> bool:
+    try:
+        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+    except OSError:
+        return False
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` (children of any of its threads, recursively)."""
+    found: set[int] = set()
+    for path in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            children = [int(child) for child in path.read_text().split()]
+        except OSError:  # the thread ended meanwhile
+            continue
+        for child in children:
+            found |= {child, *descendants(child)}
+    return found

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from servicekit.schedstat import descendants
 from tests.support.inference_service import TEST_ENGINE_ENV
 from tests.support.servers import free_port
 
@@ -80,17 +81,6 @@ class Up:
         return code
 
 
-def _descendants(pid: int) -> set[int]:
-    found = set()
-    for path in Path(f"/proc/{pid}/task").glob("*/children"):
-        try:
-            for child in map(int, path.read_text().split()):
-                found |= {child, *_descendants(child)}
-        except OSError:
-            continue
-    return found
-
-
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -138,14 +128,15 @@ def test_up_answers_passes_the_doctor_and_stops_clean(tmp_path):
         doctor = stack.cli("doctor")
         assert doctor.returncode == 0, doctor.stdout + doctor.stderr
         assert "0 warn, 0 fail" in doctor.stdout
+        assert "PASS  one CPU scheduling group" in doctor.stdout  # vLLM's processes included
         for port in stack.ports.values():  # the container health check, against each service
             assert stack.healthcheck(port).returncode == 0
 
         processes = set()
         for pid in connection["pids"].values():
-            processes |= {pid, *_descendants(pid)}
+            processes |= {pid, *descendants(pid)}
         postmaster = int((home / "postgres" / "postmaster.pid").read_text().split()[0])
-        processes |= {postmaster, *_descendants(postmaster)}
+        processes |= {postmaster, *descendants(postmaster)}
         assert len(processes) > 4  # the three services, vLLM's engine processes, Postgres
     finally:
         code = stack.stop()

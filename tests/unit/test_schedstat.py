@@ -1,4 +1,4 @@
-"""The run-queue wait counter reads what the kernel measured."""
+"""Scheduling facts from /proc: the run-queue wait counter and the CPU scheduling group."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import subprocess
 import sys
 import time
 
-from servicekit.schedstat import runqueue_wait_s
+from servicekit.connection import Connection
+from servicekit.doctor import Doctor, Status
+from servicekit.schedstat import cpu_scheduling_group, runqueue_wait_s
 
 _HOG = "import os, time\nos.sched_setaffinity(0, {{{cpu}}})\nend = time.time() + {seconds}\nwhile time.time() < end: pass\n"
 
@@ -34,3 +36,46 @@ def test_runqueue_wait_grows_while_others_hold_our_cpu():
 def test_an_unknown_thread_reads_as_none():
     assert runqueue_wait_s("999999999") is None
     assert runqueue_wait_s() >= 0
+
+
+def _sleeper(**popen) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], **popen)
+
+
+def _doctor(pids: dict[str, int]) -> Doctor:
+    return Doctor(Connection(gateway="127.0.0.1:1", tls_dir="unused", pids=pids), collections=[])
+
+
+def test_a_child_in_our_session_shares_our_group_and_passes_the_doctor():
+    child = _sleeper(process_group=0)  # as ServiceProcess starts services
+    try:
+        assert cpu_scheduling_group(child.pid) == cpu_scheduling_group()
+        check = _doctor({"gateway": os.getpid(), "inference": child.pid}).scheduling_check()
+    finally:
+        child.kill()
+        child.wait()
+    assert check.status is Status.PASS, check.line()
+
+
+def test_a_child_in_its_own_session_is_named_by_the_doctor_where_sessions_are_groups():
+    ours = cpu_scheduling_group()
+    child = _sleeper(start_new_session=True)  # as ServiceProcess used to
+    try:
+        theirs = cpu_scheduling_group(child.pid)
+        check = _doctor({"gateway": os.getpid(), "inference": child.pid}).scheduling_check()
+    finally:
+        child.kill()
+        child.wait()
+    if ours.startswith("autogroup"):  # this host shares CPU by session: a new session is a new group
+        assert theirs != ours and theirs.startswith("autogroup")
+        assert check.status is Status.WARN
+        assert f"gateway: {ours}" in check.measured and f"inference: {theirs}" in check.measured
+        assert "one session" in check.fix
+    else:  # by cgroup: a new session stays in its parent's cgroup
+        assert theirs == ours and check.status is Status.PASS
+
+
+def test_the_doctor_warns_when_it_cannot_see_the_processes():
+    assert _doctor({}).scheduling_check().status is Status.WARN
+    check = _doctor({"gateway": 999999999}).scheduling_check()
+    assert check.status is Status.WARN and "gateway" in check.measured
