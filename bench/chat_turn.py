@@ -64,21 +64,23 @@ async def gateway_turn(stub, session: str, question: str) -> dict:
             # handler runs) and the first token's way out.
             "edge": first - final.timings.first_token_ms,
             "history": final.timings.history_ms, "retrieval": final.timings.retrieval_ms,
+            "engine_ttft": final.engine_timings.first_token_ms,
             "cached": final.usage.cached_prompt_tokens, "prompt": final.usage.prompt_tokens}
 
 
 async def direct_turn(stub, messages: list[inference_pb2.ChatMessage]) -> dict:
     started = time.perf_counter()
-    first = usage = None
+    first = result = None
     async for message in stub.Generate(inference_pb2.GenerateRequest(
             chat=inference_pb2.ChatMessages(messages=messages), sampling=SAMPLING, cache_salt=DIRECT_CACHE_SALT),
             timeout=60):
         if first is None and message.text:  # as Chat counts it: the first visible text
             first = (time.perf_counter() - started) * 1000
         if message.HasField("result"):
-            usage = message.result.usage
+            result = message.result
     return {"ttft": first, "total": (time.perf_counter() - started) * 1000,
-            "cached": usage.cached_prompt_tokens, "prompt": usage.prompt_tokens}
+            "engine_ttft": result.timings.first_token_ms,
+            "cached": result.usage.cached_prompt_tokens, "prompt": result.usage.prompt_tokens}
 
 
 async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], window: GatewaySettings) -> dict:
@@ -95,7 +97,7 @@ async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], w
         for concurrency in levels:
             sessions = [(await gateway.CreateSession(pb.CreateSessionRequest(), timeout=5)).session.id
                         for _ in range(concurrency)]
-            rows = {"gateway": [], "direct": [], "share": []}
+            rows = {"gateway": [], "direct": [], "share": [], "engine": [], "outside_engine": []}
             per_worker = max(1, turns // concurrency)
 
             async def same_prompt(session: str, question: str) -> list[inference_pb2.ChatMessage]:
@@ -134,8 +136,14 @@ async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], w
                     rows["gateway"].append(via_gateway)
                     rows["direct"].append(direct)
                     # Paired: this turn's gateway share, on the same prompt.
-                    rows["share"].append(via_gateway["ttft"] - max(via_gateway["history"], via_gateway["retrieval"])
-                                         - direct["ttft"])
+                    stages = max(via_gateway["history"], via_gateway["retrieval"])
+                    rows["share"].append(via_gateway["ttft"] - stages - direct["ttft"])
+                    # The same share, split: the engine's first token on each
+                    # path (arrival at the engine to first token, the
+                    # engine's clock), and everything else (hops, gateway).
+                    rows["engine"].append(via_gateway["engine_ttft"] - direct["engine_ttft"])
+                    rows["outside_engine"].append((via_gateway["ttft"] - stages - via_gateway["engine_ttft"])
+                                                  - (direct["ttft"] - direct["engine_ttft"]))
 
             await asyncio.gather(*(worker(i) for i in range(concurrency)))
             results[concurrency] = rows
@@ -171,6 +179,10 @@ def main() -> int:
                               "gateway_total": summary([r["total"] for r in g]), "direct_total": summary([r["total"] for r in d]),
                               "history_retrieval_p50": stage, "gateway_share_p50": share,
                               "paired_share": summary(rows["share"]),
+                              "paired_share_engine": summary(rows["engine"]),
+                              "paired_share_outside_engine": summary(rows["outside_engine"]),
+                              "engine_ttft_p50": {path: statistics.median(r["engine_ttft"] for r in rows[path])
+                                                  for path in ("gateway", "direct")},
                               "edge": summary([r["edge"] for r in g]),
                               "uncached_tokens_p50": {path: statistics.median(r["prompt"] - r["cached"] for r in rows[path])
                                                       for path in ("gateway", "direct")}}
@@ -188,6 +200,10 @@ def main() -> int:
               f"p95 {paired['p95']:+.2f} ms; of which outside the gateway's clock (way in, first token out) "
               f"p50 {s['edge']['p50']:.2f} ms; uncached prompt tokens p50: "
               f"gateway {s['uncached_tokens_p50']['gateway']:.0f}, direct {s['uncached_tokens_p50']['direct']:.0f}")
+        print(f"     split, paired p50: the engine's first token {s['paired_share_engine']['p50']:+.2f} ms "
+              f"(engine TTFT p50 gateway {s['engine_ttft_p50']['gateway']:.2f}, "
+              f"direct {s['engine_ttft_p50']['direct']:.2f}), "
+              f"the rest (hops and gateway) {s['paired_share_outside_engine']['p50']:+.2f} ms")
     print(f"command: {command_line()}")
     write_json(args.json, {"stats": {str(k): v for k, v in stats.items()}})
     return 0

@@ -284,7 +284,7 @@ class ChatTurns:
         final = pb.TurnSummary(
             finish_reason=result.finish_reason if result else 0, usage=result.usage if result else None,
             degraded=bool(degraded), degraded_reason="; ".join(degraded), session_id=request.session_id,
-            trace_id=trace_id,
+            trace_id=trace_id, engine_timings=result.timings if result else None,
         )
         if session_id is not None:
             persist_started = time.perf_counter()

@@ -87,6 +87,11 @@ async def test_timings_add_up(stub):
     stages = t.admission_ms + max(t.history_ms, t.retrieval_ms) + t.generation_ms + t.persist_ms
     assert 0 <= t.total_ms - stages < 5, t
     assert 0 < t.first_token_ms < t.total_ms
+    # The engine's own clock, carried through: its first token lies inside
+    # the gateway's, which also counts the stages and the hop to the engine.
+    engine = final.engine_timings
+    assert 0 < engine.first_token_ms < t.first_token_ms - max(t.history_ms, t.retrieval_ms), (engine, t)
+    assert 0 < engine.total_ms <= t.generation_ms, (engine, t)
 
 
 async def test_idempotent_retry_stores_the_turn_once(stub):

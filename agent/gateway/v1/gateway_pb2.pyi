@@ -72,7 +72,7 @@ class StageTimings(_message.Message):
     def __init__(self, admission_ms: _Optional[float] = ..., history_ms: _Optional[float] = ..., retrieval_ms: _Optional[float] = ..., first_token_ms: _Optional[float] = ..., generation_ms: _Optional[float] = ..., persist_ms: _Optional[float] = ..., total_ms: _Optional[float] = ...) -> None: ...
 
 class TurnSummary(_message.Message):
-    __slots__ = ("finish_reason", "usage", "timings", "degraded", "degraded_reason", "trace_id", "session_id", "replayed")
+    __slots__ = ("finish_reason", "usage", "timings", "degraded", "degraded_reason", "trace_id", "session_id", "replayed", "engine_timings")
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +81,7 @@ class TurnSummary(_message.Message):
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_TIMINGS_FIELD_NUMBER: _ClassVar[int]
     finish_reason: _inference_pb2.FinishReason
     usage: _inference_pb2.Usage
     timings: StageTimings
@@ -89,7 +90,8 @@ class TurnSummary(_message.Message):
     trace_id: str
     session_id: str
     replayed: bool
-    def __init__(self, finish_reason: _Optional[_Union[_inference_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_inference_pb2.Usage, _Mapping]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[bool] = ..., degraded_reason: _Optional[str] = ..., trace_id: _Optional[str] = ..., session_id: _Optional[str] = ..., replayed: _Optional[bool] = ...) -> None: ...
+    engine_timings: _inference_pb2.GenerationTimings
+    def __init__(self, finish_reason: _Optional[_Union[_inference_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_inference_pb2.Usage, _Mapping]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[bool] = ..., degraded_reason: _Optional[str] = ..., trace_id: _Optional[str] = ..., session_id: _Optional[str] = ..., replayed: _Optional[bool] = ..., engine_timings: _Optional[_Union[_inference_pb2.GenerationTimings, _Mapping]] = ...) -> None: ...
 
 class ChatResponse(_message.Message):
     __slots__ = ("context", "delta", "final")
