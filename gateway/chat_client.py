@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def timing_line(final: pb.TurnSummary) -> str:
     t, usage = final.timings, final.usage
     line = (f"history {t.history_ms:.1f} ms | retrieval {t.retrieval_ms:.1f} ms | first token {t.first_token_ms:.1f} ms"
-            f" | total {t.total_ms:.1f} ms | cached {usage.cached_prompt_tokens}/{usage.prompt_tokens} prompt tokens")
+            f" (engine {final.engine_timings.first_token_ms:.1f} ms) | total {t.total_ms:.1f} ms | cached {usage.cached_prompt_tokens}/{usage.prompt_tokens} prompt tokens")
     return line + (f" | DEGRADED: {final.degraded_reason}" if final.degraded else "")
 
 

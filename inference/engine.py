@@ -311,9 +311,9 @@ async def open_engine(settings: InferenceSettings, *, on_death=None) -> AsyncIte
         plan = plan_engine(settings, platform, model, ModelShape.from_folder(local, settings.dtype) if local.exists() else None)
         log.info("engine plan for %s on %s (%.0f GiB):", model, platform.device, platform.total_memory_gib)
         _log_plan(plan)
-        # vLLM's CPU backend reads its KV-cache size from the environment of
-        # the engine-core process, which inherits ours.
-        os.environ.update(plan.environment)
+        if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            log.warning("VLLM_CPU_KVCACHE_SPACE=%s is set: vLLM lets it override the planned KV cache; unset it and "
+                        "use AGW_INFERENCE_KV_CACHE_GIB", os.environ["VLLM_CPU_KVCACHE_SPACE"])
 
         started = time.perf_counter()
         tokenizer = await loop.run_in_executor(executor, AutoTokenizer.from_pretrained, model)

@@ -69,14 +69,11 @@ class EnginePlan:
     """The engine arguments to use, and why each non-default one was chosen."""
 
     engine_args: dict
-    environment: dict[str, str] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)
 
     def describe(self) -> list[str]:
         """One line per choice, for the start-up log."""
-        lines = [f"{key}={value!r} ({self.reasons.get(key, 'setting')})" for key, value in self.engine_args.items()]
-        lines += [f"env {key}={value} ({self.reasons.get(key, 'setting')})" for key, value in self.environment.items()]
-        return lines
+        return [f"{key}={value!r} ({self.reasons.get(key, 'setting')})" for key, value in self.engine_args.items()]
 
 
 def default_kv_cache_gib(total_memory_gib: float) -> float:
@@ -89,7 +86,6 @@ def plan_engine(settings: InferenceSettings, platform: Platform, model_path: str
     on_cpu = platform.device == "cpu"
     args: dict = {"model": model_path, "tokenizer": model_path, "dtype": settings.dtype, "seed": settings.seed}
     reasons: dict[str, str] = {}
-    environment: dict[str, str] = {}
 
     args["enable_prefix_caching"] = settings.enable_prefix_caching
     reasons["enable_prefix_caching"] = "reuse KV of shared prefixes (system prompt, history): first token 186 -> 47 ms"
@@ -117,9 +113,12 @@ def plan_engine(settings: InferenceSettings, platform: Platform, model_path: str
 
     if on_cpu:
         kv_gib = settings.kv_cache_gib or default_kv_cache_gib(platform.total_memory_gib)
-        environment["VLLM_CPU_KVCACHE_SPACE"] = f"{kv_gib:g}"
-        reasons["VLLM_CPU_KVCACHE_SPACE"] = (
-            "setting" if settings.kv_cache_gib else f"10% of {platform.total_memory_gib:.0f} GiB RAM, 0.5-8 GiB"
+        # An engine argument, not VLLM_CPU_KVCACHE_SPACE: vLLM reads that
+        # (legacy) variable as whole GiB and fails on "2.35".
+        args["kv_cache_memory_bytes"] = int(kv_gib * 2**30)
+        reasons["kv_cache_memory_bytes"] = (
+            f"{kv_gib:g} GiB: " + ("setting" if settings.kv_cache_gib
+                                  else f"10% of {platform.total_memory_gib:.0f} GiB RAM, 0.5-8 GiB")
         )
         args["enforce_eager"] = True if settings.enforce_eager is None else settings.enforce_eager
         reasons["enforce_eager"] = "no CUDA graphs on CPU; compilation only slows start-up"
@@ -147,4 +146,4 @@ def plan_engine(settings: InferenceSettings, platform: Platform, model_path: str
     if settings.quantization:
         args["quantization"] = settings.quantization
         reasons["quantization"] = "fewer bytes per weight for bandwidth-bound decoding"
-    return EnginePlan(engine_args=args, environment=environment, reasons=reasons)
+    return EnginePlan(engine_args=args, reasons=reasons)

@@ -27,7 +27,7 @@ class InferenceSettings(ServiceSettings):
     max_num_seqs: int | None = Field(None, gt=0, description="Batch limit; default from memory.")
     max_num_batched_tokens: int | None = Field(None, gt=0, description="Tokens per step; default vLLM's.")
     kv_cache_gib: float | None = Field(
-        None, gt=0, description="CPU: KV-cache space in GiB (VLLM_CPU_KVCACHE_SPACE); default from RAM."
+        None, gt=0, description="CPU: KV-cache space in GiB (vLLM's kv_cache_memory_bytes); default from RAM."
     )
     gpu_memory_utilization: float = Field(0.90, gt=0, le=1, description="CUDA: fraction of VRAM vLLM may take.")
     expected_seq_tokens: int = Field(

@@ -19,7 +19,9 @@ from servicekit.supervisor import ServiceProcess
 
 #: Small limits so queueing and context errors are reachable in tests.
 TEST_ENGINE_ENV = {
-    "AGW_INFERENCE_KV_CACHE_GIB": "1",
+    # A fraction on purpose: vLLM's own variable takes whole GiB only, and
+    # the default (a tenth of RAM) is rarely whole.
+    "AGW_INFERENCE_KV_CACHE_GIB": "0.75",
     "AGW_INFERENCE_MAX_NUM_SEQS": "4",
     "AGW_INFERENCE_MAX_WAITING": "2",
     "AGW_INFERENCE_MAX_MODEL_LEN": "4096",

@@ -20,7 +20,9 @@ def test_cpu_defaults_block_32_eager_and_kv_space():
     assert args["block_size"] == 32
     assert args["enable_prefix_caching"] and args["enable_chunked_prefill"]
     assert args["enforce_eager"] is True
-    assert plan.environment == {"VLLM_CPU_KVCACHE_SPACE": "2.4"}
+    # Bytes as an engine argument: vLLM reads VLLM_CPU_KVCACHE_SPACE as whole
+    # GiB and refused the 2.4 GiB this default used to put there.
+    assert args["kv_cache_memory_bytes"] == int(2.4 * 2**30)
     assert "gpu_memory_utilization" not in args
     assert all(key in plan.reasons for key in ("block_size", "enable_prefix_caching", "max_num_seqs"))
 
@@ -40,7 +42,7 @@ def test_gpu_defaults_block_16_and_twelve_seqs_per_gib():
     assert plan.engine_args["max_num_seqs"] == int(139.8 * 12)
     assert plan.engine_args["gpu_memory_utilization"] == 0.90
     assert plan.engine_args["quantization"] == "fp8"
-    assert plan.environment == {}
+    assert "kv_cache_memory_bytes" not in plan.engine_args
 
 
 def test_settings_override_every_default():
@@ -75,4 +77,4 @@ def test_model_shape_from_config():
 def test_describe_lists_every_choice():
     lines = plan_engine(InferenceSettings(), CPU, "/m", SMOKE).describe()
     assert any(line.startswith("block_size=32 (") for line in lines)
-    assert any(line.startswith("env VLLM_CPU_KVCACHE_SPACE=") for line in lines)
+    assert any(line.startswith(f"kv_cache_memory_bytes={int(2.4 * 2**30)} (2.4 GiB: 10% of 24 GiB RAM") for line in lines)
