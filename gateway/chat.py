@@ -41,7 +41,7 @@ from gateway.database import Database
 from gateway.history import history_window
 from gateway.sessions import parse_session_id
 from gateway.settings import GatewaySettings
-from gateway.tenancy import physical_collection, tenant_cache_salt
+from gateway.tenancy import cache_salt_for, physical_collection
 
 _TRACER = trace.get_tracer("agent-gateway.chat")
 _METER = meter("gateway")
@@ -213,7 +213,7 @@ class ChatTurns:
                                   if "text" in d.payload)
         user = f"Context:\n{context_block}\n\nQuestion: {request.message}" if context_block else request.message
 
-        cache_salt = tenant_cache_salt(tenant) if self.settings.prefix_cache == "tenant" else ""
+        cache_salt = cache_salt_for(self.settings.prefix_cache, tenant)
 
         def prompt(past: list[tuple[str, str]]) -> inference_pb2.GenerateRequest:
             messages = [inference_pb2.ChatMessage(role=inference_pb2.ROLE_SYSTEM,

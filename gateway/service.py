@@ -29,7 +29,7 @@ from gateway.convert import message_to_proto, session_to_proto
 from gateway.database import embedded_postgres_url, open_database
 from gateway.sessions import Sessions
 from gateway.settings import GatewaySettings
-from gateway.tenancy import physical_collection, tenant_cache_salt, tenant_of
+from gateway.tenancy import cache_salt_for, physical_collection, tenant_of
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("agent-gateway.gateway")
@@ -58,8 +58,8 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
 
     async def Generate(self, request, context):
         tenant = self._tenant(context)
-        if self.settings.prefix_cache == "tenant":  # the request is ours to change: no copy of the prompt
-            request.request.cache_salt = tenant_cache_salt(tenant, request.request.cache_salt)
+        # The request is ours to change: no copy of the prompt.
+        request.request.cache_salt = cache_salt_for(self.settings.prefix_cache, tenant, request.request.cache_salt)
         with ExitStack() as slot:
             self._admit(slot)
             async for message in self.backends.generate(request.request, context):

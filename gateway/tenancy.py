@@ -63,3 +63,12 @@ def tenant_cache_salt(tenant: str, requested: str = "") -> str:
                               f"{MAX_REQUESTED_SALT_CHARS} (the gateway prefixes it with the tenant)")
     salt = f"t{len(tenant)}-{tenant}"
     return f"{salt}/{requested}" if requested else salt
+
+
+def cache_salt_for(prefix_cache: str, tenant: str, requested: str = "") -> str:
+    """The salt a request reaches the inference service with, under ``AGW_GATEWAY_PREFIX_CACHE``.
+
+    ``tenant``: the tenant's own partition (:func:`tenant_cache_salt`);
+    ``shared``: the client's salt as sent (empty: the shared cache).
+    """
+    return tenant_cache_salt(tenant, requested) if prefix_cache == "tenant" else requested

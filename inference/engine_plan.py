@@ -130,7 +130,7 @@ def plan_engine(settings: InferenceSettings, platform: Platform, model_path: str
     if settings.max_num_seqs is not None:
         args["max_num_seqs"] = settings.max_num_seqs
     elif on_cpu and shape is not None:
-        kv_tokens = int(kv_gib * 2**30) // shape.kv_bytes_per_token
+        kv_tokens = args["kv_cache_memory_bytes"] // shape.kv_bytes_per_token
         per_seq = min(settings.expected_seq_tokens, max_len or settings.expected_seq_tokens)
         args["max_num_seqs"] = max(1, min(MAX_AUTO_SEQS, kv_tokens // per_seq))
         reasons["max_num_seqs"] = (

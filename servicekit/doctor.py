@@ -27,7 +27,7 @@ from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from agent.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from servicekit.connection import Connection
 from servicekit.pki import TlsLayout
-from servicekit.schedstat import cpu_scheduling_group, descendants
+from servicekit.procfs import cpu_scheduling_group, descendants
 
 #: An agent turn's typical length (prompt with history and context, plus the answer).
 TYPICAL_SEQ_TOKENS = 2048

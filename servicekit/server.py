@@ -33,7 +33,7 @@ from grpc_reflection.v1alpha import reflection
 from servicekit.interceptors import EdgeInterceptor, Readiness
 from servicekit.keepalive import GrpcOptions
 from servicekit.metrics import configure_metrics, counter, gauge, meter
-from servicekit.schedstat import runqueue_wait_s
+from servicekit.procfs import runqueue_wait_s
 from servicekit.settings import ServiceSettings, SettingsError, load_settings
 from servicekit.telemetry import configure_tracing
 from servicekit.tls import ServerTls, TlsConfigError

@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from servicekit.procfs import children
 from servicekit.tls import ClientTls
 
 class ServiceStartError(RuntimeError):
@@ -99,13 +100,7 @@ class ServiceProcess:
 
     def children(self) -> list[int]:
         """Direct child processes (vLLM's engine core, for one), of any thread."""
-        children: list[int] = []
-        for path in Path(f"/proc/{self.pid}/task").glob("*/children"):
-            try:
-                children += [int(pid) for pid in path.read_text().split()]
-            except OSError:  # the thread ended meanwhile
-                continue
-        return sorted(set(children))
+        return children(self.pid)
 
     def stop(self, timeout: float = 30) -> int | None:
         """SIGTERM, then SIGKILL the whole process group if it lingers."""

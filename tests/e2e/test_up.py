@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from servicekit.schedstat import descendants
+from servicekit.procfs import descendants
 from tests.support.inference_service import TEST_ENGINE_ENV
 from tests.support.servers import free_port
 

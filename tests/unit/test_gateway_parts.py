@@ -6,7 +6,7 @@ import pytest
 
 from gateway.admission import Admission
 from gateway.backends import Deadlines
-from gateway.tenancy import physical_collection, tenant_cache_salt, tenant_collection
+from gateway.tenancy import cache_salt_for, physical_collection, tenant_cache_salt, tenant_collection
 from servicekit.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
 
 pytestmark = pytest.mark.unit
@@ -31,6 +31,13 @@ def test_cache_salts_are_per_tenant_and_never_collide():
     assert tenant_cache_salt("dev", "x").startswith("t3-dev/")
     with pytest.raises(InvalidArgument, match="request.cache_salt"):
         tenant_cache_salt("dev", "x" * 129)
+
+
+def test_the_prefix_cache_setting_picks_the_salt():
+    assert cache_salt_for("tenant", "dev") == "t3-dev"
+    assert cache_salt_for("tenant", "dev", "x") == "t3-dev/x"
+    assert cache_salt_for("shared", "dev") == ""
+    assert cache_salt_for("shared", "dev", "x") == "x"
 
 
 @pytest.mark.parametrize("bad", ["", "../x", "a/b", "x" * 65, "-x"])

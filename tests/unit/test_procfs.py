@@ -1,4 +1,4 @@
-"""Scheduling facts from /proc: the run-queue wait counter and the CPU scheduling group."""
+"""servicekit.procfs: the run-queue wait counter and the CPU scheduling group (and the doctor's check of it)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 from servicekit.connection import Connection
 from servicekit.doctor import Doctor, Status
-from servicekit.schedstat import cpu_scheduling_group, runqueue_wait_s
+from servicekit.procfs import cpu_scheduling_group, runqueue_wait_s
 
 _HOG = "import os, time\nos.sched_setaffinity(0, {{{cpu}}})\nend = time.time() + {seconds}\nwhile time.time() < end: pass\n"
 

@@ -1,11 +1,11 @@
-"""How long a process's event-loop thread waited for a CPU, from Linux schedstat.
+"""What Linux's /proc says about a process's scheduling: CPU waits, scheduling group, children.
 
 A latency-bound service can be starved without being busy: runnable, but not
 scheduled. On a host shared with vLLM's spinning CPU workers we measured
 seconds of such waits when the two were in different scheduler groups (see
 docs/architecture.md, "CPU scheduling"). The kernel counts that time per
-thread; exported as a counter it shows up on a dashboard before it shows up
-as a mystery in a trace.
+thread (schedstat), and says which group each process is scheduled in; the
+services export the first, ``agentgw doctor`` checks the second.
 """
 
 from __future__ import annotations
@@ -60,14 +60,20 @@ def _autogroup_enabled() -> bool:
         return False
 
 
-def descendants(pid: int) -> set[int]:
-    """Every process below ``pid`` (children of any of its threads, recursively)."""
+def children(pid: int) -> list[int]:
+    """The processes ``pid`` started (children of any of its threads)."""
     found: set[int] = set()
     for path in Path(f"/proc/{pid}/task").glob("*/children"):
         try:
-            children = [int(child) for child in path.read_text().split()]
+            found.update(int(child) for child in path.read_text().split())
         except OSError:  # the thread ended meanwhile
             continue
-        for child in children:
-            found |= {child, *descendants(child)}
+    return sorted(found)
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below ``pid``, recursively."""
+    found: set[int] = set()
+    for child in children(pid):
+        found |= {child, *descendants(child)}
     return found
