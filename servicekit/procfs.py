@@ -24,15 +24,20 @@ def runqueue_wait_s(thread: str = "self") -> float | None:
         return None
 
 
-def cpu_scheduling_group(pid: int | str = "self") -> str | None:
+def cpu_scheduling_group(pid: int | str = "self", proc: Path = Path("/proc")) -> str | None:
     """The group the kernel shares CPU time by, for process ``pid``; None if unknown.
 
     The process's cgroup for the cpu controller, or, where that is the root
     and ``kernel.sched_autogroup_enabled`` is 1, its session's autogroup.
     Processes in different groups get CPU as groups first, then as threads.
+    A process whose session never left init's (no ``setsid`` above it, as
+    under a container's init or a CI runner) is in the root autogroup, which
+    *is* the root cgroup: the kernel prints nothing for it, and it reads as
+    ``cgroup /``. Its children that call ``setsid`` get autogroups of their own.
+    ``proc`` is where procfs is mounted (a fixture tree in tests).
     """
     try:
-        cgroup_lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        cgroup_lines = (proc / str(pid) / "cgroup").read_text().splitlines()
     except OSError:
         return None
     path = None
@@ -45,17 +50,20 @@ def cpu_scheduling_group(pid: int | str = "self") -> str | None:
             path = cgroup_path  # cgroup v2's unified hierarchy
     if path is None:
         return None
-    if path != "/" or not _autogroup_enabled():
+    if path != "/" or not autogroups_enabled(proc):
         return f"cgroup {path}"
     try:
-        return Path(f"/proc/{pid}/autogroup").read_text().split()[0].lstrip("/")
-    except (OSError, IndexError):
+        autogroup = (proc / str(pid) / "autogroup").read_text().split()
+    except OSError:
         return f"cgroup {path}"
+    # "/autogroup-N nice K"; empty for the root autogroup (see above).
+    return autogroup[0].lstrip("/") if autogroup else f"cgroup {path}"
 
 
-def _autogroup_enabled() -> bool:
+def autogroups_enabled(proc: Path = Path("/proc")) -> bool:
+    """Whether the kernel gives each session its own scheduling group (in the root cgroup)."""
     try:
-        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+        return (proc / "sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
     except OSError:
         return False
 

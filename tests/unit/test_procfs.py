@@ -9,7 +9,7 @@ import time
 
 from servicekit.connection import Connection
 from servicekit.doctor import Doctor, Status
-from servicekit.procfs import cpu_scheduling_group, runqueue_wait_s
+from servicekit.procfs import autogroups_enabled, cpu_scheduling_group, runqueue_wait_s
 
 _HOG = "import os, time\nos.sched_setaffinity(0, {{{cpu}}})\nend = time.time() + {seconds}\nwhile time.time() < end: pass\n"
 
@@ -66,13 +66,45 @@ def test_a_child_in_its_own_session_is_named_by_the_doctor_where_sessions_are_gr
     finally:
         child.kill()
         child.wait()
-    if ours.startswith("autogroup"):  # this host shares CPU by session: a new session is a new group
+    # In the root cgroup with autogroups on, a new session is a new group:
+    # whether we are in an autogroup of our own or still in init's (CI
+    # runners and containers often are, and then read as "cgroup /").
+    in_root_cgroup = ours == "cgroup /" or ours.startswith("autogroup")
+    if autogroups_enabled() and in_root_cgroup:
         assert theirs != ours and theirs.startswith("autogroup")
         assert check.status is Status.WARN
         assert f"gateway: {ours}" in check.measured and f"inference: {theirs}" in check.measured
         assert "one session" in check.fix
     else:  # by cgroup: a new session stays in its parent's cgroup
         assert theirs == ours and check.status is Status.PASS
+
+
+def _proc_tree(root, cgroup: str, autogroup: str | None, enabled: str = "1"):
+    (root / "sys/kernel").mkdir(parents=True)
+    (root / "sys/kernel/sched_autogroup_enabled").write_text(enabled + "\n")
+    (root / "42").mkdir()
+    (root / "42/cgroup").write_text(cgroup)
+    if autogroup is not None:
+        (root / "42/autogroup").write_text(autogroup)
+    return root
+
+
+_V1 = "9:name=systemd:/\n4:memory:/jobs/7\n2:cpuacct:/\n1:cpu:{cpu}\n0::/\n"
+
+
+def test_the_group_is_the_cpu_cgroup_or_the_sessions_autogroup(tmp_path):
+    cases = [  # (cgroup file, autogroup file, autogroups on, expected)
+        (_V1.format(cpu="/"), "/autogroup-85 nice 0\n", "1", "autogroup-85"),
+        (_V1.format(cpu="/"), "", "1", "cgroup /"),  # init's session: the root autogroup prints nothing
+        (_V1.format(cpu="/"), "/autogroup-85 nice 0\n", "0", "cgroup /"),
+        (_V1.format(cpu="/batch"), "/autogroup-85 nice 0\n", "1", "cgroup /batch"),  # autogroups act in the root only
+        ("0::/system.slice/agw.service\n", "/autogroup-3 nice 0\n", "1", "cgroup /system.slice/agw.service"),
+        ("0::/\n", None, "1", "cgroup /"),
+    ]
+    for number, (cgroup, autogroup, enabled, expected) in enumerate(cases):
+        proc = _proc_tree(tmp_path / str(number), cgroup, autogroup, enabled)
+        assert cpu_scheduling_group(42, proc) == expected, (cgroup, autogroup, enabled)
+    assert cpu_scheduling_group(43, tmp_path / "0") is None  # no such process
 
 
 def test_the_doctor_warns_when_it_cannot_see_the_processes():
