@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, ExitStack, asynccontextmanager
 
 import grpc
 
@@ -90,19 +90,64 @@ class Backends:
         return await self._unary(self.inference, inference_pb2_grpc.InferenceStub, "GetLoad",
                                  inference_pb2.GetLoadRequest(), context)
 
+    def start_generate(self, request: inference_pb2.GenerateRequest, context) -> StartedStream:
+        """Start a Generate call now: it goes out the next time the event loop runs.
+
+        For a caller with its own writes to do before it reads (Chat's context
+        event): ``await asyncio.sleep(0)`` after this sends the request first,
+        so the engine's prefill overlaps those writes instead of following them.
+        """
+        timeout = self.deadlines.for_call(context)
+        slot = ExitStack()
+        pooled = slot.enter_context(self.inference.use())
+        call = pooled.stub(inference_pb2_grpc.InferenceStub).Generate(
+            request, timeout=timeout, metadata=outgoing_metadata())
+        return StartedStream(call, slot, self.inference.describe())
+
     async def generate(self, request: inference_pb2.GenerateRequest, context) -> AsyncIterator[inference_pb2.GenerateResponse]:
         """Stream a generation. Closing the iterator (or a cancelled caller) cancels the backend call at once."""
-        timeout = self.deadlines.for_call(context)
-        with self.inference.use() as pooled:
-            call = pooled.stub(inference_pb2_grpc.InferenceStub).Generate(
-                request, timeout=timeout, metadata=outgoing_metadata())
-            try:
-                async for message in call:
-                    yield message
-            except grpc.aio.AioRpcError as exc:
-                raise from_rpc_error(exc, backend=self.inference.describe()) from None
-            finally:
-                call.cancel()  # no-op once finished; on a cancelled caller, frees the engine now
+        async with self.start_generate(request, context) as stream:
+            async for message in stream:
+                yield message
+
+
+class StartedStream:
+    """A server-streaming backend call already under way, on a pooled channel.
+
+    Iterate it for the messages (a backend error becomes our ServiceError);
+    leave its ``async with`` (or :meth:`close`) to cancel the call if still
+    running and give the channel back. Unlike an async generator, closing it
+    works even if it was never iterated.
+    """
+
+    def __init__(self, call, slot: ExitStack, backend: str) -> None:
+        self._call = call
+        self._slot = slot
+        self._backend = backend
+
+    def __aiter__(self) -> StartedStream:
+        return self
+
+    async def __anext__(self):
+        # read(), not the call's own iterator: no generator layer per message,
+        # and nothing left suspended for the garbage collector on an early exit.
+        try:
+            message = await self._call.read()
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc, backend=self._backend) from None
+        if message is grpc.aio.EOF:
+            raise StopAsyncIteration
+        return message
+
+    def close(self) -> None:
+        self._call.cancel()  # no-op once finished; on a cancelled caller, frees the engine now
+        self._slot.close()
+
+    async def __aenter__(self) -> StartedStream:
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        self.close()
 
 
 def _spec(settings: GatewaySettings, target: str, service, tls: ClientTls | None) -> ChannelSpec:

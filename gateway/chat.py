@@ -20,7 +20,6 @@ import asyncio
 import json
 import time
 import uuid
-from contextlib import aclosing
 from dataclasses import dataclass
 
 import grpc
@@ -33,7 +32,6 @@ from agent.inference.v1 import inference_pb2
 from agent.retrieval.v1 import retrieval_pb2
 from servicekit.errors import InvalidArgument, NotFound, ResourceExhausted, ServiceError, Unavailable
 from servicekit.metrics import meter
-from servicekit.tasks import cancel_and_wait
 from servicekit.telemetry import trace_id_hex
 
 from gateway.backends import Backends
@@ -53,13 +51,6 @@ _STAGE = _METER.create_histogram(
 _DEGRADED = _METER.create_counter("agw.chat.degraded", description="Turns answered degraded, by cause.")
 _ROLE = {"system": inference_pb2.ROLE_SYSTEM, "user": inference_pb2.ROLE_USER,
          "assistant": inference_pb2.ROLE_ASSISTANT, "tool": inference_pb2.ROLE_TOOL}
-
-
-async def _prepend(first, rest):
-    if first is not None:
-        yield first
-        async for item in rest:
-            yield item
 
 
 def _over_context(error: ServiceError) -> bool:
@@ -176,8 +167,10 @@ class ChatTurns:
             started = time.perf_counter()
             with _TRACER.start_as_current_span(name) as span:
                 try:
-                    return await asyncio.wait_for(coro, budget_s), None, (time.perf_counter() - started) * 1000
-                except (asyncio.TimeoutError, ServiceError) as exc:
+                    async with asyncio.timeout(budget_s):  # in this task: no extra task per stage, as wait_for makes
+                        result = await coro
+                    return result, None, (time.perf_counter() - started) * 1000
+                except (TimeoutError, ServiceError) as exc:
                     span.set_status(Status(StatusCode.ERROR, str(exc) or "timed out"))
                     return None, exc, (time.perf_counter() - started) * 1000
 
@@ -193,7 +186,7 @@ class ChatTurns:
         history, trimmed = history
         degraded = []
         if retrieval_error is not None:
-            timed_out = isinstance(retrieval_error, asyncio.TimeoutError)
+            timed_out = isinstance(retrieval_error, TimeoutError)
             # The caller's own mistake (a bad collection name here, a top_k past
             # the cap or a bad filter at the retrieval service) fails the turn:
             # degrading would hide it. A backend's INVALID_ARGUMENT arrives as a
@@ -235,22 +228,21 @@ class ChatTurns:
         try:
             while True:
                 try:
-                    # aclosing: a turn closed mid-stream cancels the backend call now, not at GC.
-                    async with aclosing(self.backends.generate(prompt(history), context)) as stream:
-                        token = otel_context.attach(generation_context)
-                        try:  # the backend call starts inside the span, and now
-                            first_read = asyncio.ensure_future(anext(stream, None))
-                        finally:
-                            otel_context.detach(token)
-                        try:
-                            if context_event is not None:
-                                yield context_event
-                                context_event = None
-                            first = await first_read
-                        except BaseException:
-                            await cancel_and_wait(first_read)  # done before aclosing closes the stream it reads
-                            raise
-                        async for message in _prepend(first, stream):
+                    # The call starts inside the span (its trace context goes in the metadata), and now.
+                    token = otel_context.attach(generation_context)
+                    try:
+                        call = self.backends.start_generate(prompt(history), context)
+                    finally:
+                        otel_context.detach(token)
+                    # Leaving the block (done, failed, or the turn closed mid-stream) cancels the call now.
+                    async with call as stream:
+                        if context_event is not None:
+                            # Let the request go out first: the context event's
+                            # write then overlaps the engine's prefill.
+                            await asyncio.sleep(0)
+                            yield context_event
+                            context_event = None
+                        async for message in stream:
                             if message.text:
                                 if not pieces:
                                     timings.first_token_ms = clock.ms()
