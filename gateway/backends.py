@@ -58,6 +58,9 @@ class Backends:
         self.inference = inference
         self.retrieval = retrieval
         self.deadlines = deadlines
+        #: False once the inference service answered OpenGenerate with
+        #: UNIMPLEMENTED (older than this gateway): plain Generate from then on.
+        self.inference_opens_early = True
 
     @property
     def pools(self) -> tuple[ChannelPool, ...]:
@@ -90,6 +93,14 @@ class Backends:
         return await self._unary(self.inference, inference_pb2_grpc.InferenceStub, "GetLoad",
                                  inference_pb2.GetLoadRequest(), context)
 
+    def _start(self, method: str, *request, context) -> StartedStream:
+        timeout = self.deadlines.for_call(context)
+        slot = ExitStack()
+        pooled = slot.enter_context(self.inference.use())
+        call = getattr(pooled.stub(inference_pb2_grpc.InferenceStub), method)(
+            *request, timeout=timeout, metadata=outgoing_metadata())
+        return StartedStream(call, slot, self.inference.describe())
+
     def start_generate(self, request: inference_pb2.GenerateRequest, context) -> StartedStream:
         """Start a Generate call now: it goes out the next time the event loop runs.
 
@@ -97,12 +108,15 @@ class Backends:
         event): ``await asyncio.sleep(0)`` after this sends the request first,
         so the engine's prefill overlaps those writes instead of following them.
         """
-        timeout = self.deadlines.for_call(context)
-        slot = ExitStack()
-        pooled = slot.enter_context(self.inference.use())
-        call = pooled.stub(inference_pb2_grpc.InferenceStub).Generate(
-            request, timeout=timeout, metadata=outgoing_metadata())
-        return StartedStream(call, slot, self.inference.describe())
+        return self._start("Generate", request, context=context)
+
+    def open_generate(self, context) -> StartedStream:
+        """Open an inference call whose request follows (:meth:`StartedStream.send`).
+
+        The call's setup (the stream, its headers, the server's dispatch) then
+        happens while the caller still builds its prompt, not after.
+        """
+        return self._start("OpenGenerate", context=context)
 
     async def generate(self, request: inference_pb2.GenerateRequest, context) -> AsyncIterator[inference_pb2.GenerateResponse]:
         """Stream a generation. Closing the iterator (or a cancelled caller) cancels the backend call at once."""
@@ -124,6 +138,13 @@ class StartedStream:
         self._call = call
         self._slot = slot
         self._backend = backend
+
+    async def send(self, request) -> None:
+        """The request of a call opened by :meth:`Backends.open_generate` (once)."""
+        try:
+            await self._call.write(request)
+        except grpc.aio.AioRpcError as exc:  # the call had already ended: the server said why
+            raise from_rpc_error(exc, backend=self._backend) from None
 
     def __aiter__(self) -> StartedStream:
         return self

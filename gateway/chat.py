@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from agent.inference.v1 import inference_pb2
 from agent.retrieval.v1 import retrieval_pb2
 from servicekit.errors import InvalidArgument, NotFound, ResourceExhausted, ServiceError, Unavailable
 from servicekit.metrics import meter
+from servicekit.tasks import cancel_and_wait
 from servicekit.telemetry import trace_id_hex
 
 from gateway.backends import Backends
@@ -41,6 +43,7 @@ from gateway.sessions import parse_session_id
 from gateway.settings import GatewaySettings
 from gateway.tenancy import cache_salt_for, physical_collection
 
+log = logging.getLogger(__name__)
 _TRACER = trace.get_tracer("agent-gateway.chat")
 _METER = meter("gateway")
 _FIRST_TOKEN = _METER.create_histogram(
@@ -51,6 +54,15 @@ _STAGE = _METER.create_histogram(
 _DEGRADED = _METER.create_counter("agw.chat.degraded", description="Turns answered degraded, by cause.")
 _ROLE = {"system": inference_pb2.ROLE_SYSTEM, "user": inference_pb2.ROLE_USER,
          "assistant": inference_pb2.ROLE_ASSISTANT, "tool": inference_pb2.ROLE_TOOL}
+
+
+def _started_in(span, start):
+    """``start()`` with ``span`` current, so the backend call it makes carries the span's trace context."""
+    token = otel_context.attach(trace.set_span_in_context(span))
+    try:
+        return start()
+    finally:
+        otel_context.detach(token)
 
 
 def _over_context(error: ServiceError) -> bool:
@@ -174,102 +186,125 @@ class ChatTurns:
                     span.set_status(Status(StatusCode.ERROR, str(exc) or "timed out"))
                     return None, exc, (time.perf_counter() - started) * 1000
 
-        (history, history_error, timings.history_ms), (documents, retrieval_error, timings.retrieval_ms) = \
-            await asyncio.gather(
-                timed("history", self._history(tenant, session_id), self.settings.history_budget_s),
-                timed("retrieval", self._retrieve(tenant, request, context), self.settings.retrieval_budget_s),
-            )
-        if history_error is not None:
-            if isinstance(history_error, (NotFound, InvalidArgument)):
-                raise history_error
-            raise Unavailable(f"session history unavailable; the turn was not run ({history_error or 'timed out'})")
-        history, trimmed = history
-        degraded = []
-        if retrieval_error is not None:
-            timed_out = isinstance(retrieval_error, TimeoutError)
-            # The caller's own mistake (a bad collection name here, a top_k past
-            # the cap or a bad filter at the retrieval service) fails the turn:
-            # degrading would hide it. A backend's INVALID_ARGUMENT arrives as a
-            # ServiceError with that code, not as an InvalidArgument.
-            client_fault = getattr(retrieval_error, "code", None) == grpc.StatusCode.INVALID_ARGUMENT
-            if client_fault or self.settings.fail_on_retrieval_error:
-                raise Unavailable("retrieval timed out") if timed_out else retrieval_error
-            reason = f"timed out after {self.settings.retrieval_budget_s:g}s" if timed_out else f"failed: {retrieval_error}"
-            degraded.append(f"no context: retrieval {reason}")
-            documents = []
-        if trimmed:
-            degraded.append("history trimmed to AGW_GATEWAY_HISTORY_TOKEN_BUDGET (oldest messages left out)")
-        # Sent once the backend call has started (below): the write then overlaps the engine's prefill.
-        context_event = pb.ChatResponse(context=pb.ContextEvent(documents=documents)) if documents else None
-
-        context_block = "\n".join(f"[{i + 1}] {d.payload['text']}" for i, d in enumerate(documents)
-                                  if "text" in d.payload)
-        user = f"Context:\n{context_block}\n\nQuestion: {request.message}" if context_block else request.message
-
-        cache_salt = cache_salt_for(self.settings.prefix_cache, tenant)
-
-        def prompt(past: list[tuple[str, str]]) -> inference_pb2.GenerateRequest:
-            messages = [inference_pb2.ChatMessage(role=inference_pb2.ROLE_SYSTEM,
-                                                  content=request.system_prompt or self.settings.default_system_prompt)]
-            messages += [inference_pb2.ChatMessage(role=_ROLE.get(role, inference_pb2.ROLE_USER), content=content)
-                         for role, content in past]
-            messages.append(inference_pb2.ChatMessage(role=inference_pb2.ROLE_USER, content=user))
-            return inference_pb2.GenerateRequest(chat=inference_pb2.ChatMessages(messages=messages),
-                                                 sampling=request.generation, cache_salt=cache_salt)
-
-        generation_started = time.perf_counter()
-        pieces, result = [], None
+        stages = asyncio.gather(
+            timed("history", self._history(tenant, session_id), self.settings.history_budget_s),
+            timed("retrieval", self._retrieve(tenant, request, context), self.settings.retrieval_budget_s),
+        )
         # Not "current" across the yields below: a context attached in an
         # async generator must not leak to the code between its messages.
-        generation_span = _TRACER.start_span("generation")
-        if self.settings.trace_content:  # AGW_TRACE_CONTENT=1 only: prompts can hold personal data
-            generation_span.set_attribute("agw.chat.user_message", request.message)
-        generation_context = trace.set_span_in_context(generation_span)
+        generation_span = opened = None
         try:
-            while True:
-                try:
-                    # The call starts inside the span (its trace context goes in the metadata), and now.
-                    token = otel_context.attach(generation_context)
+            if self.settings.open_generate_early and self.backends.inference_opens_early:
+                await asyncio.sleep(0)  # the stages' own calls go out first
+                # The inference call opens now, its request follows once the
+                # prompt is built: the call's setup is off the first token's
+                # path. Its span is the generation stage's, which therefore
+                # starts with the stages (the stage's timing does not).
+                generation_span = _TRACER.start_span("generation")
+                opened = _started_in(generation_span, lambda: self.backends.open_generate(context))
+            (history, history_error, timings.history_ms), (documents, retrieval_error, timings.retrieval_ms) = \
+                await stages
+            if history_error is not None:
+                if isinstance(history_error, (NotFound, InvalidArgument)):
+                    raise history_error
+                raise Unavailable(f"session history unavailable; the turn was not run ({history_error or 'timed out'})")
+            history, trimmed = history
+            degraded = []
+            if retrieval_error is not None:
+                timed_out = isinstance(retrieval_error, TimeoutError)
+                # The caller's own mistake (a bad collection name here, a top_k past
+                # the cap or a bad filter at the retrieval service) fails the turn:
+                # degrading would hide it. A backend's INVALID_ARGUMENT arrives as a
+                # ServiceError with that code, not as an InvalidArgument.
+                client_fault = getattr(retrieval_error, "code", None) == grpc.StatusCode.INVALID_ARGUMENT
+                if client_fault or self.settings.fail_on_retrieval_error:
+                    raise Unavailable("retrieval timed out") if timed_out else retrieval_error
+                reason = f"timed out after {self.settings.retrieval_budget_s:g}s" if timed_out else f"failed: {retrieval_error}"
+                degraded.append(f"no context: retrieval {reason}")
+                documents = []
+            if trimmed:
+                degraded.append("history trimmed to AGW_GATEWAY_HISTORY_TOKEN_BUDGET (oldest messages left out)")
+            # Sent once the backend call has started (below): the write then overlaps the engine's prefill.
+            context_event = pb.ChatResponse(context=pb.ContextEvent(documents=documents)) if documents else None
+
+            context_block = "\n".join(f"[{i + 1}] {d.payload['text']}" for i, d in enumerate(documents)
+                                      if "text" in d.payload)
+            user = f"Context:\n{context_block}\n\nQuestion: {request.message}" if context_block else request.message
+
+            cache_salt = cache_salt_for(self.settings.prefix_cache, tenant)
+
+            def prompt(past: list[tuple[str, str]]) -> inference_pb2.GenerateRequest:
+                messages = [inference_pb2.ChatMessage(role=inference_pb2.ROLE_SYSTEM,
+                                                      content=request.system_prompt or self.settings.default_system_prompt)]
+                messages += [inference_pb2.ChatMessage(role=_ROLE.get(role, inference_pb2.ROLE_USER), content=content)
+                             for role, content in past]
+                messages.append(inference_pb2.ChatMessage(role=inference_pb2.ROLE_USER, content=user))
+                return inference_pb2.GenerateRequest(chat=inference_pb2.ChatMessages(messages=messages),
+                                                     sampling=request.generation, cache_salt=cache_salt)
+
+            generation_started = time.perf_counter()
+            pieces, result = [], None
+            generation_span = generation_span or _TRACER.start_span("generation")
+            generation_span.add_event("prompt_ready")
+            if self.settings.trace_content:  # AGW_TRACE_CONTENT=1 only: prompts can hold personal data
+                generation_span.set_attribute("agw.chat.user_message", request.message)
+            try:
+                while True:
                     try:
-                        call = self.backends.start_generate(prompt(history), context)
-                    finally:
-                        otel_context.detach(token)
-                    # Leaving the block (done, failed, or the turn closed mid-stream) cancels the call now.
-                    async with call as stream:
-                        if context_event is not None:
-                            # Let the request go out first: the context event's
-                            # write then overlaps the engine's prefill.
-                            await asyncio.sleep(0)
-                            yield context_event
-                            context_event = None
-                        async for message in stream:
-                            if message.text:
-                                if not pieces:
-                                    timings.first_token_ms = clock.ms()
-                                    generation_span.add_event("first_token")
-                                pieces.append(message.text)
-                                yield pb.ChatResponse(delta=pb.TokenDelta(text=message.text))
-                            if message.HasField("result"):
-                                result = message.result
-                    break
-                except ServiceError as exc:
-                    if pieces or not _over_context(exc):
-                        raise
-                    if not history:
-                        raise ResourceExhausted(
-                            f"the message does not fit the model's context even without history ({exc.message}); "
-                            "shorten it or lower max_tokens", retry_after_s=None) from None
-                    # Over the context: drop the oldest half of the history and try again.
-                    history = history[len(history) // 2 + len(history) % 2:]
-                    if "history trimmed" not in " ".join(degraded):
-                        degraded.append("history trimmed to fit the model's context (oldest messages left out)")
-        except BaseException as exc:  # cancelled, failed: the span says so, and always ends
-            generation_span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
-            raise
+                        early, opened = opened, None  # the early call serves the first attempt only
+                        call = early or _started_in(
+                            generation_span, lambda: self.backends.start_generate(prompt(history), context))
+                        # Leaving the block (done, failed, or the turn closed mid-stream) cancels the call now.
+                        async with call as stream:
+                            if early is not None:
+                                await stream.send(prompt(history))
+                            if context_event is not None:
+                                # Let the request go out first: the context event's
+                                # write then overlaps the engine's prefill.
+                                await asyncio.sleep(0)
+                                yield context_event
+                                context_event = None
+                            async for message in stream:
+                                if message.text:
+                                    if not pieces:
+                                        timings.first_token_ms = clock.ms()
+                                        generation_span.add_event("first_token")
+                                    pieces.append(message.text)
+                                    yield pb.ChatResponse(delta=pb.TokenDelta(text=message.text))
+                                if message.HasField("result"):
+                                    result = message.result
+                        break
+                    except ServiceError as exc:
+                        if early is not None and exc.code == grpc.StatusCode.UNIMPLEMENTED and not pieces:
+                            # An inference service older than OpenGenerate: Generate, now and from now on.
+                            log.warning("%s; turns use Generate until the gateway restarts", exc.message)
+                            self.backends.inference_opens_early = False
+                            continue
+                        if pieces or not _over_context(exc):
+                            raise
+                        if not history:
+                            raise ResourceExhausted(
+                                f"the message does not fit the model's context even without history ({exc.message}); "
+                                "shorten it or lower max_tokens", retry_after_s=None) from None
+                        # Over the context: drop the oldest half of the history and try again.
+                        history = history[len(history) // 2 + len(history) % 2:]
+                        if "history trimmed" not in " ".join(degraded):
+                            degraded.append("history trimmed to fit the model's context (oldest messages left out)")
+            except BaseException as exc:  # cancelled, failed: the span says so, and always ends
+                generation_span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+                raise
+            finally:
+                if self.settings.trace_content:
+                    generation_span.set_attribute("agw.chat.answer", "".join(pieces))
+                generation_span.end()
         finally:
-            if self.settings.trace_content:
-                generation_span.set_attribute("agw.chat.answer", "".join(pieces))
-            generation_span.end()
+            if opened is not None:
+                opened.close()  # unused (a stage failed, the turn was cancelled): the call ends now
+            if generation_span is not None and generation_span.is_recording():  # opened, never reached
+                generation_span.set_status(Status(StatusCode.ERROR, "the turn ended before its prompt was ready"))
+                generation_span.end()
+            if not stages.done():  # opening failed, or the turn was cancelled meanwhile
+                await cancel_and_wait(stages)
         timings.generation_ms = clock.ms(generation_started)
         answer = "".join(pieces)
 

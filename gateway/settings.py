@@ -59,6 +59,10 @@ class GatewaySettings(ServiceSettings):
     prefix_cache: Literal["tenant", "shared"] = Field(
         "tenant", description="tenant: each tenant's prompts reuse only its own cached prefixes (no cross-tenant "
         "timing signal); shared: all tenants share one prefix cache (a single-tenant deployment).")
+    open_generate_early: bool = Field(
+        True, description="Open each turn's inference call (OpenGenerate) while history and retrieval run, and send "
+        "its request when the prompt is ready: the call's setup leaves the first token's path. Off: a Generate call "
+        "once the prompt is ready (also the fallback when the inference service lacks OpenGenerate).")
     history_budget_s: float = Field(1.0, gt=0, description="Longest a turn waits for its history.")
     retrieval_budget_s: float = Field(0.5, gt=0, description="Longest a turn waits for context before going on without.")
     retrieval_top_k: int = Field(4, gt=0, description="Passages retrieved when a request names no top_k.")

@@ -12,10 +12,11 @@ import logging
 import time
 from contextlib import aclosing, asynccontextmanager
 
+import grpc
 from opentelemetry import trace
 
 from agent.inference.v1 import inference_pb2, inference_pb2_grpc
-from servicekit.errors import Unavailable
+from servicekit.errors import InvalidArgument, Unavailable
 from servicekit.metrics import gauge, meter
 from servicekit.server import Health
 
@@ -92,6 +93,16 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                     else:
                         _record_result(span, event, output if self.trace_content else None)
                         yield result_to_proto(event)
+
+    async def OpenGenerate(self, request_iterator, context):
+        """Generate, on a call the caller opened before its prompt was ready: one request, then Generate's stream."""
+        request = await context.read()  # the server reads this one message, no more
+        if request is grpc.aio.EOF:
+            raise InvalidArgument("request", "the request stream ended before its GenerateRequest; send exactly one")
+        trace.get_current_span().add_event("agw.request_received")
+        async with aclosing(self.Generate(request, context)) as messages:
+            async for message in messages:
+                yield message
 
     def _generation_span(self, engine: Engine, prompt: PromptInput, sampling: Sampling, request_id: str):
         """A span with the GenAI semantic-convention request attributes."""

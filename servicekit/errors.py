@@ -94,9 +94,15 @@ class Internal(ServiceError):
     code = grpc.StatusCode.INTERNAL
 
 
+class Unimplemented(ServiceError):
+    """A method this server does not provide (an older server than the caller's contract)."""
+
+    code = grpc.StatusCode.UNIMPLEMENTED
+
+
 _BY_CODE: dict[grpc.StatusCode, type[ServiceError]] = {
     cls.code: cls
-    for cls in (NotFound, AlreadyExists, FailedPrecondition, Unavailable, DeadlineExceeded, Internal)
+    for cls in (NotFound, AlreadyExists, FailedPrecondition, Unavailable, DeadlineExceeded, Internal, Unimplemented)
 }
 
 

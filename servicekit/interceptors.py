@@ -19,7 +19,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
-from servicekit.errors import Internal, ServiceError, Unavailable, trailing_metadata
+from servicekit.errors import Internal, ServiceError, Unavailable, Unimplemented, trailing_metadata
 from servicekit.metrics import meter
 from servicekit.telemetry import TRACE_ID_KEY, extract_context, trace_id_hex
 
@@ -107,6 +107,8 @@ async def _abort(context: grpc.aio.ServicerContext, error: ServiceError, span: _
 
 
 def _unexpected(method: str, exc: Exception) -> ServiceError:
+    if isinstance(exc, NotImplementedError):  # the generated servicer's body for a method this server lacks
+        return Unimplemented(f"{method} is not implemented by this server; it is older than the caller's contract")
     log.exception("unhandled error in %s", method)
     return Internal(f"internal error in {method} ({type(exc).__name__}); the server log has the traceback")
 

@@ -308,6 +308,48 @@ async def test_turn_cancelled_at_its_context_event_stores_nothing_and_frees_the_
     assert final.usage.completion_tokens == 8
 
 
+async def _inference_channels(stub) -> tuple[int, list[int]]:
+    """The gateway's inference pool: calls made so far, and calls in flight per channel."""
+    stats = await stub.GetStats(pb.GetStatsRequest(), timeout=5)
+    channels = next(backend for backend in stats.backends if backend.name == "inference").channels
+    return sum(c.calls for c in channels), [c.in_flight for c in channels]
+
+
+async def test_a_turn_failing_before_it_generates_closes_its_early_inference_call(stub):
+    # The turn's inference call is opened while history and retrieval run
+    # (AGW_GATEWAY_OPEN_GENERATE_EARLY); a turn that fails there must end it.
+    calls_before, _ = await _inference_channels(stub)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await _turn(stub, session_id=str(uuid.uuid4()), message="Is anyone there?")
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    for _ in range(20):  # the gateway's cleanup runs as the call ends; give it its turn
+        calls_after, in_flight = await _inference_channels(stub)
+        if not any(in_flight):
+            break
+        await asyncio.sleep(0.1)
+    assert calls_after == calls_before + 1  # it was opened...
+    assert not any(in_flight), in_flight  # ...and is closed
+
+
+async def test_turns_fall_back_to_generate_where_the_inference_service_lacks_open_generate(tmp_path, pki, database_url):
+    # The scripted service implements Generate only, as one older than
+    # OpenGenerate would: its answer to the early call is UNIMPLEMENTED.
+    from tests.support.servers import scripted_server
+
+    async with scripted_server(pki.root) as inference, retrieval_server(tmp_path / "retrieval", pki.root) as (retrieval, _):
+        async with gateway_server(pki.root, inference.port, retrieval.port, database_url=database_url) as (gw, _):
+            async with gateway_stub(gw.port, pki.root) as stub:
+                calls = []
+                for _ in range(2):
+                    calls_before, _ = await _inference_channels(stub)
+                    events, final = await _turn(stub, message="Hello?")
+                    calls_after, in_flight = await _inference_channels(stub)
+                    assert "".join(e.delta.text for e in events if e.WhichOneof("event") == "delta") == "t0 t1 t2 "
+                    assert not final.degraded and not any(in_flight)
+                    calls.append(calls_after - calls_before)
+    assert calls == [2, 1]  # OpenGenerate (refused) then Generate; from then on, Generate only
+
+
 async def test_a_long_session_keeps_its_cached_prefix_when_the_window_moves_in_steps(
         tmp_path, pki, inference_service, database_url):
     # Five turns with a 4-message window. Turn 5 carries messages 4..7 either

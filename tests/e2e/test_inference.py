@@ -108,6 +108,44 @@ async def test_chat_and_token_id_inputs_reach_the_engine(stub):
     assert [t for m in from_chat for t in m.token_ids] == [t for m in from_ids for t in m.token_ids]
 
 
+async def test_open_generate_takes_its_request_later_and_answers_as_generate(stub, probe):
+    request = pb.GenerateRequest(
+        chat=pb.ChatMessages(messages=[pb.ChatMessage(role=pb.ROLE_USER, content="What is a generator?")]),
+        sampling=pb.SamplingParams(max_tokens=6, temperature=0), request_id=f"open-{uuid.uuid4().hex}",
+    )
+    call = stub.OpenGenerate(timeout=30)
+    await asyncio.sleep(0.3)  # open, nothing sent: the engine has nothing to do
+    load = await probe.GetLoad(pb.GetLoadRequest(), timeout=5)
+    assert (load.running_requests, load.waiting_requests) == (0, 0), load
+    await call.write(request)
+    opened = [message async for message in call]
+    request.request_id = ""
+    direct = await _generate(stub, request)
+    # The same prompt, greedy: the same completion, and Generate's last message.
+    assert [t for m in opened for t in m.token_ids] == [t for m in direct for t in m.token_ids]
+    assert opened[-1].result.usage.completion_tokens == 6
+    assert opened[-1].result.request_id.startswith("open-")
+
+
+async def test_open_generate_without_its_request_is_invalid_argument(stub):
+    call = stub.OpenGenerate(timeout=10)
+    await call.done_writing()
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call.read()
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details() == (
+        "request: the request stream ended before its GenerateRequest; send exactly one")
+
+
+async def test_open_generate_with_a_bad_request_gets_generates_error(stub):
+    call = stub.OpenGenerate(timeout=10)
+    await call.write(pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(top_k=0)))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call.read()
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details().startswith("sampling.top_k: ")
+
+
 async def test_shared_prefix_is_served_from_the_prefix_cache(stub):
     prefix = PASSAGE * 12
     ids = (await stub.Tokenize(pb.TokenizeRequest(text=prefix), timeout=5)).token_ids

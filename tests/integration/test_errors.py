@@ -50,3 +50,18 @@ async def test_unexpected_exception_is_internal_without_leaking_internals(pki):
     assert error.code() == grpc.StatusCode.INTERNAL
     assert "Tokenize" in error.details() and "RuntimeError" in error.details()
     assert "scripted crash" not in error.details()
+
+
+async def test_a_method_the_server_lacks_is_unimplemented_not_internal(pki):
+    # The scripted servicer has no OpenGenerate: the generated base class's
+    # body runs, which raises NotImplementedError. Callers (the gateway's
+    # fallback to Generate) must see UNIMPLEMENTED, not a server fault.
+    async with scripted_server(pki.root) as server:
+        async with mtls_channel(server.port, pki.root) as channel:
+            call = inference_pb2_grpc.InferenceStub(channel).OpenGenerate(timeout=5)
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await call.read()
+    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert caught.value.details().startswith("/agent.inference.v1.Inference/OpenGenerate is not implemented")
+    mapped = from_rpc_error(caught.value, backend="inference")
+    assert mapped.code == grpc.StatusCode.UNIMPLEMENTED and type(mapped).__name__ == "Unimplemented"

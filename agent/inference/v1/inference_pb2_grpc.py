@@ -40,6 +40,11 @@ class InferenceStub:
                 request_serializer=agent_dot_inference_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=agent_dot_inference_dot_v1_dot_inference__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.OpenGenerate = channel.stream_stream(
+                '/agent.inference.v1.Inference/OpenGenerate',
+                request_serializer=agent_dot_inference_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=agent_dot_inference_dot_v1_dot_inference__pb2.GenerateResponse.FromString,
+                _registered_method=True)
         self.Tokenize = channel.unary_unary(
                 '/agent.inference.v1.Inference/Tokenize',
                 request_serializer=agent_dot_inference_dot_v1_dot_inference__pb2.TokenizeRequest.SerializeToString,
@@ -65,6 +70,18 @@ class InferenceServicer:
         """Generate streams one completion. Each message carries the newly decoded
         text and token ids; the last message also carries the result (finish
         reason, usage and timings). Cancelling the call aborts the engine request.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OpenGenerate(self, request_iterator, context):
+        """OpenGenerate opens a Generate call before its request is ready.
+        A caller still assembling its prompt (the gateway's Chat, while history
+        and retrieval run) opens the call first, so the call's setup is done by
+        the time the prompt is, then sends exactly one GenerateRequest; the
+        server reads no more. Responses, errors and cancellation are Generate's.
+        Ending the request stream before sending one is INVALID_ARGUMENT.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -98,6 +115,11 @@ def add_InferenceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Generate': grpc.unary_stream_rpc_method_handler(
                     servicer.Generate,
+                    request_deserializer=agent_dot_inference_dot_v1_dot_inference__pb2.GenerateRequest.FromString,
+                    response_serializer=agent_dot_inference_dot_v1_dot_inference__pb2.GenerateResponse.SerializeToString,
+            ),
+            'OpenGenerate': grpc.stream_stream_rpc_method_handler(
+                    servicer.OpenGenerate,
                     request_deserializer=agent_dot_inference_dot_v1_dot_inference__pb2.GenerateRequest.FromString,
                     response_serializer=agent_dot_inference_dot_v1_dot_inference__pb2.GenerateResponse.SerializeToString,
             ),
@@ -143,6 +165,33 @@ class Inference:
             request,
             target,
             '/agent.inference.v1.Inference/Generate',
+            agent_dot_inference_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
+            agent_dot_inference_dot_v1_dot_inference__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenGenerate(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/agent.inference.v1.Inference/OpenGenerate',
             agent_dot_inference_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
             agent_dot_inference_dot_v1_dot_inference__pb2.GenerateResponse.FromString,
             options,
