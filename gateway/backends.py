@@ -111,7 +111,7 @@ class Backends:
         return self._start("Generate", request, context=context)
 
     def open_generate(self, context) -> StartedStream:
-        """Open an inference call whose request follows (:meth:`StartedStream.send`).
+        """Open an inference call whose prompt follows (:meth:`StartedStream.send_prefix`, then :meth:`StartedStream.send`).
 
         The call's setup (the stream, its headers, the server's dispatch) then
         happens while the caller still builds its prompt, not after.
@@ -139,10 +139,17 @@ class StartedStream:
         self._slot = slot
         self._backend = backend
 
-    async def send(self, request) -> None:
-        """The request of a call opened by :meth:`Backends.open_generate` (once)."""
+    async def send_prefix(self, messages: list[inference_pb2.ChatMessage]) -> None:
+        """The first messages of the chat to come, on a call from :meth:`Backends.open_generate` (at most once, first)."""
+        await self._write(inference_pb2.OpenGenerateRequest(prefix=inference_pb2.ChatMessages(messages=messages)))
+
+    async def send(self, request: inference_pb2.GenerateRequest) -> None:
+        """The request of a call from :meth:`Backends.open_generate` (once, last)."""
+        await self._write(inference_pb2.OpenGenerateRequest(request=request))
+
+    async def _write(self, message) -> None:
         try:
-            await self._call.write(request)
+            await self._call.write(message)
         except grpc.aio.AioRpcError as exc:  # the call had already ended: the server said why
             raise from_rpc_error(exc, backend=self._backend) from None
 

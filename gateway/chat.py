@@ -17,6 +17,7 @@ answer): a retry starts clean.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -54,6 +55,13 @@ _STAGE = _METER.create_histogram(
 _DEGRADED = _METER.create_counter("agw.chat.degraded", description="Turns answered degraded, by cause.")
 _ROLE = {"system": inference_pb2.ROLE_SYSTEM, "user": inference_pb2.ROLE_USER,
          "assistant": inference_pb2.ROLE_ASSISTANT, "tool": inference_pb2.ROLE_TOOL}
+
+
+def _conversation(system_prompt: str, past: list[tuple[str, str]]) -> list[inference_pb2.ChatMessage]:
+    """The prompt's stable part: the system prompt, then the session's history window."""
+    return [inference_pb2.ChatMessage(role=inference_pb2.ROLE_SYSTEM, content=system_prompt),
+            *(inference_pb2.ChatMessage(role=_ROLE.get(role, inference_pb2.ROLE_USER), content=content)
+              for role, content in past)]
 
 
 def _started_in(span, start):
@@ -186,8 +194,19 @@ class ChatTurns:
                     span.set_status(Status(StatusCode.ERROR, str(exc) or "timed out"))
                     return None, exc, (time.perf_counter() - started) * 1000
 
+        system_prompt = request.system_prompt or self.settings.default_system_prompt
+
+        async def history_then_prefix():
+            outcome = await timed("history", self._history(tenant, session_id), self.settings.history_budget_s)
+            past = outcome[0][0] if outcome[0] else None
+            if opened is not None and past:
+                # The prompt's session part, to the inference service to tokenize while retrieval still runs.
+                with contextlib.suppress(ServiceError):  # the call ended: sending the request will say why
+                    await opened.send_prefix(_conversation(system_prompt, past))
+            return outcome
+
         stages = asyncio.gather(
-            timed("history", self._history(tenant, session_id), self.settings.history_budget_s),
+            history_then_prefix(),
             timed("retrieval", self._retrieve(tenant, request, context), self.settings.retrieval_budget_s),
         )
         # Not "current" across the yields below: a context attached in an
@@ -234,11 +253,8 @@ class ChatTurns:
             cache_salt = cache_salt_for(self.settings.prefix_cache, tenant)
 
             def prompt(past: list[tuple[str, str]]) -> inference_pb2.GenerateRequest:
-                messages = [inference_pb2.ChatMessage(role=inference_pb2.ROLE_SYSTEM,
-                                                      content=request.system_prompt or self.settings.default_system_prompt)]
-                messages += [inference_pb2.ChatMessage(role=_ROLE.get(role, inference_pb2.ROLE_USER), content=content)
-                             for role, content in past]
-                messages.append(inference_pb2.ChatMessage(role=inference_pb2.ROLE_USER, content=user))
+                messages = [*_conversation(system_prompt, past),
+                            inference_pb2.ChatMessage(role=inference_pb2.ROLE_USER, content=user)]
                 return inference_pb2.GenerateRequest(chat=inference_pb2.ChatMessages(messages=messages),
                                                      sampling=request.generation, cache_salt=cache_salt)
 

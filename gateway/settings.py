@@ -60,8 +60,9 @@ class GatewaySettings(ServiceSettings):
         "tenant", description="tenant: each tenant's prompts reuse only its own cached prefixes (no cross-tenant "
         "timing signal); shared: all tenants share one prefix cache (a single-tenant deployment).")
     open_generate_early: bool = Field(
-        True, description="Open each turn's inference call (OpenGenerate) while history and retrieval run, and send "
-        "its request when the prompt is ready: the call's setup leaves the first token's path. Off: a Generate call "
+        True, description="Open each turn's inference call (OpenGenerate) while history and retrieval run, send the "
+        "system prompt and history on it once loaded (tokenized while retrieval runs), and the request when the prompt "
+        "is ready: the call's setup and most tokenizing leave the first token's path. Off: a Generate call "
         "once the prompt is ready (also the fallback when the inference service lacks OpenGenerate).")
     history_budget_s: float = Field(1.0, gt=0, description="Longest a turn waits for its history.")
     retrieval_budget_s: float = Field(0.5, gt=0, description="Longest a turn waits for context before going on without.")

@@ -26,6 +26,7 @@ from servicekit.errors import InvalidArgument, ResourceExhausted, Unavailable
 
 from inference.engine_plan import EnginePlan, ModelShape, Platform, plan_engine
 from inference.load import LoadTracker
+from inference.prompt_encoding import EncodedPrefix, PromptEncoder
 from inference.requests import (
     Delta,
     FinishReason,
@@ -80,10 +81,10 @@ class StartupStep:
 class Engine:
     """One vLLM engine, its tokenizer and its load. Build it with :func:`open_engine`."""
 
-    def __init__(self, llm, tokenizer, executor: ThreadPoolExecutor, settings: InferenceSettings,
-                 tracker: LoadTracker, model_name: str, device: str) -> None:
+    def __init__(self, llm, encoder: PromptEncoder, executor: ThreadPoolExecutor, settings: InferenceSettings,
+                 tracker: LoadTracker, model_name: str, device: str, vocab_size: int) -> None:
         self._llm = llm
-        self._tokenizer = tokenizer
+        self._encoder = encoder
         self._executor = executor
         self._settings = settings
         self._tracker = tracker
@@ -104,7 +105,7 @@ class Engine:
             max_num_batched_tokens=config.scheduler_config.max_num_batched_tokens,
             quantization=config.model_config.quantization or "",
             device=device,
-            vocab_size=len(tokenizer),
+            vocab_size=vocab_size,
             kv_cache_tokens=(config.cache_config.num_gpu_blocks or 0) * config.cache_config.block_size,
         )
         self.limits = Limits(
@@ -118,26 +119,21 @@ class Engine:
     async def _off_loop(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    def _encode_sync(self, prompt: PromptInput) -> list[int]:
-        if prompt.token_ids is not None:
-            return list(prompt.token_ids)
-        if prompt.messages is not None:
-            # Render to text, then encode: the template already holds the
-            # special tokens it wants (such as BOS).
-            text = self._tokenizer.apply_chat_template(
-                [{"role": m.role, "content": m.content} for m in prompt.messages],
-                add_generation_prompt=prompt.add_generation_prompt,
-                tokenize=False,
-            )
-            return self._tokenizer.encode(text, add_special_tokens=False)
-        return self._tokenizer.encode(prompt.text, add_special_tokens=prompt.add_special_tokens)
-
     async def tokenize(self, prompt: PromptInput) -> list[int]:
         """Token ids of ``prompt``, exactly as :meth:`generate` would see them."""
+        return (await self._encode(prompt))[0]
+
+    async def _encode(self, prompt: PromptInput, prefix: EncodedPrefix | None = None) -> tuple[list[int], int]:
         self._check_alive()
-        token_ids = await self._off_loop(self._encode_sync, prompt)
+        token_ids, reused = await self._off_loop(self._encoder.encode, prompt, prefix)
         check_token_ids(token_ids, self.limits)
-        return token_ids
+        return token_ids, reused
+
+    async def encode_prefix(self, messages: tuple[Message, ...]) -> EncodedPrefix | None:
+        """A conversation's first messages, tokenized now for a request to come (None: this model cannot reuse them)."""
+        if not self._encoder.reuses_prefixes:
+            return None
+        return await self._off_loop(self._encoder.encode_prefix, messages)
 
     # -- generating --------------------------------------------------------------
 
@@ -158,8 +154,12 @@ class Engine:
     def new_request_id(self) -> str:
         return f"gen-{uuid.uuid4().hex}"
 
-    async def generate(self, prompt: PromptInput, sampling: Sampling, request_id: str) -> AsyncIterator[Delta | Result]:
-        """Stream deltas, then one :class:`Result`. Closing the iterator aborts the request."""
+    async def generate(self, prompt: PromptInput, sampling: Sampling, request_id: str,
+                       prefix: EncodedPrefix | None = None) -> AsyncIterator[Delta | Result]:
+        """Stream deltas, then one :class:`Result`. Closing the iterator aborts the request.
+
+        ``prefix``: the prompt's first messages, already tokenized (:meth:`encode_prefix`); used if they match.
+        """
         started = time.perf_counter()
         self._check_alive()
         # Claim the id before the first await: two calls arriving together
@@ -169,22 +169,22 @@ class Engine:
         self._claimed_ids.add(request_id)
         try:
             # aclosing: closing this stream must close the engine request now.
-            async with aclosing(self._admitted_generate(prompt, sampling, request_id, started)) as events:
+            async with aclosing(self._admitted_generate(prompt, sampling, request_id, started, prefix)) as events:
                 async for event in events:
                     yield event
         finally:
             self._claimed_ids.discard(request_id)
 
     async def _admitted_generate(self, prompt: PromptInput, sampling: Sampling, request_id: str,
-                                 started: float) -> AsyncIterator[Delta | Result]:
+                                 started: float, prefix: EncodedPrefix | None) -> AsyncIterator[Delta | Result]:
         from vllm import SamplingParams
         from vllm.renderers.inputs.preprocess import parse_model_prompt
         from vllm.sampling_params import RequestOutputKind
         from vllm.v1.engine.exceptions import EngineDeadError
 
         with _TRACER.start_as_current_span("tokenize") as span:
-            token_ids = await self.tokenize(prompt)
-            span.set_attribute("agw.prompt_tokens", len(token_ids))
+            token_ids, reused = await self._encode(prompt, prefix)
+            span.set_attributes({"agw.prompt_tokens": len(token_ids), "agw.prompt_tokens_tokenized_ahead": reused})
         check_fits_context(len(token_ids), sampling, self.limits)
         self._check_capacity()
         params = SamplingParams(
@@ -326,7 +326,11 @@ async def open_engine(settings: InferenceSettings, *, on_death=None) -> AsyncIte
         stack.callback(llm.shutdown)
         steps.append(StartupStep("start engine", (time.perf_counter() - started) * 1000))
 
-        engine = Engine(llm, tokenizer, executor, settings, tracker, model, platform.device)
+        encoder = await loop.run_in_executor(executor, PromptEncoder, tokenizer)
+        if not encoder.reuses_prefixes:
+            log.info("%s: chat prefixes sent ahead (OpenGenerate) cannot be reused with this tokenizer and template; "
+                     "such requests are tokenized whole", model)
+        engine = Engine(llm, encoder, executor, settings, tracker, model, platform.device, len(tokenizer))
         if settings.warmup:
             steps += await engine.warm_up()
         for step in steps:

@@ -22,6 +22,7 @@ from servicekit.server import Health
 
 from inference.convert import (
     delta_to_proto,
+    messages_from_proto,
     load_to_proto,
     model_info_to_proto,
     prompt_from_generate,
@@ -30,6 +31,7 @@ from inference.convert import (
     sampling_from_proto,
 )
 from inference.engine import Engine, open_engine
+from inference.prompt_encoding import EncodedPrefix
 from inference.requests import Delta, PromptInput, Result, Sampling, resolve_sampling
 from inference.settings import InferenceSettings
 
@@ -69,7 +71,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
         context.add_done_callback(on_done)
 
-    async def Generate(self, request, context):
+    async def Generate(self, request, context, prefix: EncodedPrefix | None = None):
         engine = self._engine()
         prompt = prompt_from_generate(request)
         sampling = resolve_sampling(sampling_from_proto(request.sampling), engine.limits)
@@ -79,7 +81,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             started = time.perf_counter()
             first_token = True
             output: list[str] = []
-            async with aclosing(engine.generate(prompt, sampling, request_id)) as events:
+            async with aclosing(engine.generate(prompt, sampling, request_id, prefix)) as events:
                 async for event in events:
                     if isinstance(event, Delta):
                         if first_token:
@@ -95,14 +97,38 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                         yield result_to_proto(event)
 
     async def OpenGenerate(self, request_iterator, context):
-        """Generate, on a call the caller opened before its prompt was ready: one request, then Generate's stream."""
-        request = await context.read()  # the server reads this one message, no more
-        if request is grpc.aio.EOF:
-            raise InvalidArgument("request", "the request stream ended before its GenerateRequest; send exactly one")
-        trace.get_current_span().add_event("agw.request_received")
-        async with aclosing(self.Generate(request, context)) as messages:
-            async for message in messages:
-                yield message
+        """Generate, on a call opened before its prompt was ready: maybe a prefix, then the request."""
+        engine = self._engine()
+        prefix: asyncio.Task | None = None
+        try:
+            while True:
+                message = await context.read()  # the server reads up to the request, no more
+                if message is grpc.aio.EOF:
+                    raise InvalidArgument("request", "the request stream ended before its GenerateRequest; "
+                                          "send exactly one")
+                part = message.WhichOneof("part")
+                if part == "request":
+                    break
+                if part != "prefix":
+                    raise InvalidArgument("part", "is empty; send the prefix or the request")
+                if prefix is not None:
+                    raise InvalidArgument("prefix", "was sent twice; send at most one, before the request")
+                trace.get_current_span().add_event("agw.prefix_received")
+                # Tokenized while the caller builds the rest of its prompt.
+                prefix = asyncio.ensure_future(engine.encode_prefix(messages_from_proto(message.prefix)))
+            trace.get_current_span().add_event("agw.request_received")
+            encoded = None
+            if prefix is not None:
+                try:
+                    encoded = await prefix
+                except Exception:  # noqa: BLE001 - an optimisation: a bad prefix fails nothing, the request is checked
+                    log.debug("prefix not reused", exc_info=True)
+            async with aclosing(self.Generate(message.request, context, prefix=encoded)) as messages:
+                async for response in messages:
+                    yield response
+        finally:
+            if prefix is not None and not prefix.done():
+                prefix.cancel()
 
     def _generation_span(self, engine: Engine, prompt: PromptInput, sampling: Sampling, request_id: str):
         """A span with the GenAI semantic-convention request attributes."""

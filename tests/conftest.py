@@ -16,6 +16,14 @@ def pki(tmp_path_factory) -> PkiFixture:
 
 
 @pytest.fixture(scope="session")
+def smoke_model(tmp_path_factory):
+    """The offline smoke model's folder (tiny Llama, locally trained tokenizer), built once per session."""
+    from inference.smoke_model import build_smoke_model
+
+    return build_smoke_model(tmp_path_factory.mktemp("smoke") / "model")
+
+
+@pytest.fixture(scope="session")
 def recorded_spans():
     """Every span finished in this test process (in-process gateways and retrieval services)."""
     from opentelemetry import trace

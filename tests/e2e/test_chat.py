@@ -308,6 +308,25 @@ async def test_turn_cancelled_at_its_context_event_stores_nothing_and_frees_the_
     assert final.usage.completion_tokens == 8
 
 
+async def test_a_sessions_history_is_tokenized_while_retrieval_runs(stub, otlp):
+    # The gateway sends the system prompt and history on the early inference
+    # call as soon as Postgres answers; the inference service's tokenize span
+    # (exported to the session's OTLP receiver) says how many prompt tokens
+    # were ready when the request came.
+    def tokenized_ahead(final: pb.TurnSummary) -> tuple[int, int]:
+        spans = otlp.wait_for(final.trace_id, lambda spans: any(s.name == "tokenize" for s in spans))
+        (tokenize,) = [s for s in spans if s.name == "tokenize"]
+        return tokenize.attributes["agw.prompt_tokens_tokenized_ahead"], tokenize.attributes["agw.prompt_tokens"]
+
+    session = await _session(stub)
+    retrieval = pb.RetrievalOptions(collection="pydoc", top_k=2)
+    _, first = await _turn(stub, session_id=session, message="What does with do?", retrieval=retrieval)
+    _, second = await _turn(stub, session_id=session, message="And try?", retrieval=retrieval)
+    assert tokenized_ahead(first)[0] == 0  # no history yet: nothing to send ahead
+    ahead, prompt_tokens = tokenized_ahead(second)
+    assert 0 < ahead < prompt_tokens == second.usage.prompt_tokens
+
+
 async def _inference_channels(stub) -> tuple[int, list[int]]:
     """The gateway's inference pool: calls made so far, and calls in flight per channel."""
     stats = await stub.GetStats(pb.GetStatsRequest(), timeout=5)

@@ -108,42 +108,68 @@ async def test_chat_and_token_id_inputs_reach_the_engine(stub):
     assert [t for m in from_chat for t in m.token_ids] == [t for m in from_ids for t in m.token_ids]
 
 
-async def test_open_generate_takes_its_request_later_and_answers_as_generate(stub, probe):
+async def test_open_generate_takes_its_prompt_later_and_answers_as_generate(stub, probe, otlp):
+    past = [pb.ChatMessage(role=pb.ROLE_SYSTEM, content="Answer briefly."),
+            pb.ChatMessage(role=pb.ROLE_USER, content="What is a tuple?"),
+            pb.ChatMessage(role=pb.ROLE_ASSISTANT, content="An immutable sequence.")]
     request = pb.GenerateRequest(
-        chat=pb.ChatMessages(messages=[pb.ChatMessage(role=pb.ROLE_USER, content="What is a generator?")]),
+        chat=pb.ChatMessages(messages=[*past, pb.ChatMessage(role=pb.ROLE_USER, content="And a generator?")]),
         sampling=pb.SamplingParams(max_tokens=6, temperature=0), request_id=f"open-{uuid.uuid4().hex}",
     )
     call = stub.OpenGenerate(timeout=30)
     await asyncio.sleep(0.3)  # open, nothing sent: the engine has nothing to do
     load = await probe.GetLoad(pb.GetLoadRequest(), timeout=5)
     assert (load.running_requests, load.waiting_requests) == (0, 0), load
-    await call.write(request)
+    await call.write(pb.OpenGenerateRequest(prefix=pb.ChatMessages(messages=past)))  # tokenized meanwhile
+    await asyncio.sleep(0.1)
+    await call.write(pb.OpenGenerateRequest(request=request))
     opened = [message async for message in call]
+    trace_id = dict(await call.trailing_metadata())["x-trace-id"]
     request.request_id = ""
     direct = await _generate(stub, request)
     # The same prompt, greedy: the same completion, and Generate's last message.
     assert [t for m in opened for t in m.token_ids] == [t for m in direct for t in m.token_ids]
+    assert opened[-1].result.usage.prompt_tokens == direct[-1].result.usage.prompt_tokens
     assert opened[-1].result.usage.completion_tokens == 6
     assert opened[-1].result.request_id.startswith("open-")
+    spans = otlp.wait_for(trace_id, lambda spans: any(s.name == "tokenize" for s in spans))
+    (tokenize,) = [s for s in spans if s.name == "tokenize"]
+    # The prefix's tokens were reused: all but the last message's.
+    ahead = tokenize.attributes["agw.prompt_tokens_tokenized_ahead"]
+    assert 0 < ahead < tokenize.attributes["agw.prompt_tokens"] == direct[-1].result.usage.prompt_tokens
 
 
-async def test_open_generate_without_its_request_is_invalid_argument(stub):
+async def test_open_generate_with_a_prefix_the_request_does_not_start_with_tokenizes_it_whole(stub, otlp):
+    chat = pb.ChatMessages(messages=[pb.ChatMessage(role=pb.ROLE_USER, content="What is a set?")])
+    call = stub.OpenGenerate(timeout=30)
+    await call.write(pb.OpenGenerateRequest(prefix=pb.ChatMessages(messages=[
+        pb.ChatMessage(role=pb.ROLE_SYSTEM, content="Another conversation.")])))
+    await call.write(pb.OpenGenerateRequest(request=pb.GenerateRequest(
+        chat=chat, sampling=pb.SamplingParams(max_tokens=3, temperature=0))))
+    opened = [message async for message in call]
+    trace_id = dict(await call.trailing_metadata())["x-trace-id"]
+    prompt_ids = (await stub.Tokenize(pb.TokenizeRequest(chat=chat), timeout=5)).token_ids
+    assert opened[-1].result.usage.prompt_tokens == len(prompt_ids)
+    spans = otlp.wait_for(trace_id, lambda spans: any(s.name == "tokenize" for s in spans))
+    assert [s.attributes["agw.prompt_tokens_tokenized_ahead"] for s in spans if s.name == "tokenize"] == [0]
+
+
+@pytest.mark.parametrize("messages, field, needle", [
+    ([], "request", "ended before its GenerateRequest; send exactly one"),
+    ([pb.OpenGenerateRequest()], "part", "is empty"),
+    ([pb.OpenGenerateRequest(prefix=pb.ChatMessages())] * 2, "prefix", "was sent twice"),
+    ([pb.OpenGenerateRequest(request=pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(top_k=0)))],
+     "sampling.top_k", "positive"),
+], ids=["no-request", "empty-part", "two-prefixes", "bad-request"])
+async def test_open_generate_bad_input_is_invalid_argument(stub, messages, field, needle):
     call = stub.OpenGenerate(timeout=10)
+    for message in messages:
+        await call.write(message)
     await call.done_writing()
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await call.read()
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert caught.value.details() == (
-        "request: the request stream ended before its GenerateRequest; send exactly one")
-
-
-async def test_open_generate_with_a_bad_request_gets_generates_error(stub):
-    call = stub.OpenGenerate(timeout=10)
-    await call.write(pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(top_k=0)))
-    with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await call.read()
-    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert caught.value.details().startswith("sampling.top_k: ")
+    assert caught.value.details().startswith(f"{field}: ") and needle in caught.value.details(), caught.value.details()
 
 
 async def test_shared_prefix_is_served_from_the_prefix_cache(stub):

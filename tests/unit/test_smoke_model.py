@@ -13,8 +13,8 @@ pytestmark = pytest.mark.unit
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    return build_smoke_model(tmp_path_factory.mktemp("smoke") / "model")
+def built(smoke_model):
+    return smoke_model
 
 
 def test_builds_a_small_hugging_face_folder(built):

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"agent/inference/v1/inference.proto\x12\x12\x61gent.inference.v1\"F\n\x0b\x43hatMessage\x12&\n\x04role\x18\x01 \x01(\x0e\x32\x18.agent.inference.v1.Role\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x7f\n\x0c\x43hatMessages\x12\x31\n\x08messages\x18\x01 \x03(\x0b\x32\x1f.agent.inference.v1.ChatMessage\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x18\n\x16_add_generation_prompt\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xdc\x01\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x04\x88\x01\x01\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seed\"\xef\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\x30\n\x04\x63hat\x18\x03 \x01(\x0b\x32 .agent.inference.v1.ChatMessagesH\x00\x12\x31\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x1c.agent.inference.v1.TokenIdsH\x00\x12\x34\n\x08sampling\x18\x05 \x01(\x0b\x32\".agent.inference.v1.SamplingParams\x12\x12\n\ncache_salt\x18\x06 \x01(\tB\x07\n\x05input\"W\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\r\"b\n\x11GenerationTimings\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x16\n\x0e\x66irst_token_ms\x18\x02 \x01(\x01\x12\x11\n\tdecode_ms\x18\x03 \x01(\x01\x12\x10\n\x08total_ms\x18\x04 \x01(\x01\"\xc1\x01\n\x10GenerationResult\x12\x37\n\rfinish_reason\x18\x01 \x01(\x0e\x32 .agent.inference.v1.FinishReason\x12(\n\x05usage\x18\x02 \x01(\x0b\x32\x19.agent.inference.v1.Usage\x12\x36\n\x07timings\x18\x03 \x01(\x0b\x32%.agent.inference.v1.GenerationTimings\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"i\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x34\n\x06result\x18\x03 \x01(\x0b\x32$.agent.inference.v1.GenerationResult\"\x94\x01\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x30\n\x04\x63hat\x18\x02 \x01(\x0b\x32 .agent.inference.v1.ChatMessagesH\x00\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08H\x01\x88\x01\x01\x42\x07\n\x05inputB\x15\n\x13_add_special_tokens\"%\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\"\x15\n\x13GetModelInfoRequest\"\x9e\x02\n\x14GetModelInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x1a\n\x12max_context_tokens\x18\x02 \x01(\r\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x16\n\x0eprefix_caching\x18\x05 \x01(\x08\x12\x17\n\x0f\x63hunked_prefill\x18\x06 \x01(\x08\x12\x14\n\x0cmax_num_seqs\x18\x07 \x01(\r\x12\x1e\n\x16max_num_batched_tokens\x18\x08 \x01(\r\x12\x14\n\x0cquantization\x18\t \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\n \x01(\t\x12\x12\n\nvocab_size\x18\x0b \x01(\r\x12\x17\n\x0fkv_cache_tokens\x18\x0c \x01(\x04\"\x10\n\x0eGetLoadRequest\"}\n\x0fGetLoadResponse\x12\x18\n\x10running_requests\x18\x01 \x01(\r\x12\x18\n\x10waiting_requests\x18\x02 \x01(\r\x12\x16\n\x0ekv_cache_usage\x18\x03 \x01(\x01\x12\x1e\n\x16generated_tokens_total\x18\x04 \x01(\x04*_\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bROLE_SYSTEM\x10\x01\x12\r\n\tROLE_USER\x10\x02\x12\x12\n\x0eROLE_ASSISTANT\x10\x03\x12\r\n\tROLE_TOOL\x10\x04*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\xe0\x03\n\tInference\x12W\n\x08Generate\x12#.agent.inference.v1.GenerateRequest\x1a$.agent.inference.v1.GenerateResponse0\x01\x12]\n\x0cOpenGenerate\x12#.agent.inference.v1.GenerateRequest\x1a$.agent.inference.v1.GenerateResponse(\x01\x30\x01\x12Z\n\x08Tokenize\x12#.agent.inference.v1.TokenizeRequest\x1a$.agent.inference.v1.TokenizeResponse\"\x03\x90\x02\x01\x12\x66\n\x0cGetModelInfo\x12\'.agent.inference.v1.GetModelInfoRequest\x1a(.agent.inference.v1.GetModelInfoResponse\"\x03\x90\x02\x01\x12W\n\x07GetLoad\x12\".agent.inference.v1.GetLoadRequest\x1a#.agent.inference.v1.GetLoadResponse\"\x03\x90\x02\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"agent/inference/v1/inference.proto\x12\x12\x61gent.inference.v1\"F\n\x0b\x43hatMessage\x12&\n\x04role\x18\x01 \x01(\x0e\x32\x18.agent.inference.v1.Role\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x7f\n\x0c\x43hatMessages\x12\x31\n\x08messages\x18\x01 \x03(\x0b\x32\x1f.agent.inference.v1.ChatMessage\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08H\x00\x88\x01\x01\x42\x18\n\x16_add_generation_prompt\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xdc\x01\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x04\x88\x01\x01\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seed\"\xef\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\x30\n\x04\x63hat\x18\x03 \x01(\x0b\x32 .agent.inference.v1.ChatMessagesH\x00\x12\x31\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x1c.agent.inference.v1.TokenIdsH\x00\x12\x34\n\x08sampling\x18\x05 \x01(\x0b\x32\".agent.inference.v1.SamplingParams\x12\x12\n\ncache_salt\x18\x06 \x01(\tB\x07\n\x05input\"W\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\r\"b\n\x11GenerationTimings\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x16\n\x0e\x66irst_token_ms\x18\x02 \x01(\x01\x12\x11\n\tdecode_ms\x18\x03 \x01(\x01\x12\x10\n\x08total_ms\x18\x04 \x01(\x01\"\xc1\x01\n\x10GenerationResult\x12\x37\n\rfinish_reason\x18\x01 \x01(\x0e\x32 .agent.inference.v1.FinishReason\x12(\n\x05usage\x18\x02 \x01(\x0b\x32\x19.agent.inference.v1.Usage\x12\x36\n\x07timings\x18\x03 \x01(\x0b\x32%.agent.inference.v1.GenerationTimings\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"\x89\x01\n\x13OpenGenerateRequest\x12\x32\n\x06prefix\x18\x01 \x01(\x0b\x32 .agent.inference.v1.ChatMessagesH\x00\x12\x36\n\x07request\x18\x02 \x01(\x0b\x32#.agent.inference.v1.GenerateRequestH\x00\x42\x06\n\x04part\"i\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x34\n\x06result\x18\x03 \x01(\x0b\x32$.agent.inference.v1.GenerationResult\"\x94\x01\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x30\n\x04\x63hat\x18\x02 \x01(\x0b\x32 .agent.inference.v1.ChatMessagesH\x00\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08H\x01\x88\x01\x01\x42\x07\n\x05inputB\x15\n\x13_add_special_tokens\"%\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\"\x15\n\x13GetModelInfoRequest\"\x9e\x02\n\x14GetModelInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x1a\n\x12max_context_tokens\x18\x02 \x01(\r\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x16\n\x0eprefix_caching\x18\x05 \x01(\x08\x12\x17\n\x0f\x63hunked_prefill\x18\x06 \x01(\x08\x12\x14\n\x0cmax_num_seqs\x18\x07 \x01(\r\x12\x1e\n\x16max_num_batched_tokens\x18\x08 \x01(\r\x12\x14\n\x0cquantization\x18\t \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\n \x01(\t\x12\x12\n\nvocab_size\x18\x0b \x01(\r\x12\x17\n\x0fkv_cache_tokens\x18\x0c \x01(\x04\"\x10\n\x0eGetLoadRequest\"}\n\x0fGetLoadResponse\x12\x18\n\x10running_requests\x18\x01 \x01(\r\x12\x18\n\x10waiting_requests\x18\x02 \x01(\r\x12\x16\n\x0ekv_cache_usage\x18\x03 \x01(\x01\x12\x1e\n\x16generated_tokens_total\x18\x04 \x01(\x04*_\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bROLE_SYSTEM\x10\x01\x12\r\n\tROLE_USER\x10\x02\x12\x12\n\x0eROLE_ASSISTANT\x10\x03\x12\r\n\tROLE_TOOL\x10\x04*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\xe4\x03\n\tInference\x12W\n\x08Generate\x12#.agent.inference.v1.GenerateRequest\x1a$.agent.inference.v1.GenerateResponse0\x01\x12\x61\n\x0cOpenGenerate\x12\'.agent.inference.v1.OpenGenerateRequest\x1a$.agent.inference.v1.GenerateResponse(\x01\x30\x01\x12Z\n\x08Tokenize\x12#.agent.inference.v1.TokenizeRequest\x1a$.agent.inference.v1.TokenizeResponse\"\x03\x90\x02\x01\x12\x66\n\x0cGetModelInfo\x12\'.agent.inference.v1.GetModelInfoRequest\x1a(.agent.inference.v1.GetModelInfoResponse\"\x03\x90\x02\x01\x12W\n\x07GetLoad\x12\".agent.inference.v1.GetLoadRequest\x1a#.agent.inference.v1.GetLoadResponse\"\x03\x90\x02\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,10 +37,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INFERENCE'].methods_by_name['GetModelInfo']._serialized_options = b'\220\002\001'
   _globals['_INFERENCE'].methods_by_name['GetLoad']._loaded_options = None
   _globals['_INFERENCE'].methods_by_name['GetLoad']._serialized_options = b'\220\002\001'
-  _globals['_ROLE']._serialized_start=1888
-  _globals['_ROLE']._serialized_end=1983
-  _globals['_FINISHREASON']._serialized_start=1985
-  _globals['_FINISHREASON']._serialized_end=2105
+  _globals['_ROLE']._serialized_start=2028
+  _globals['_ROLE']._serialized_end=2123
+  _globals['_FINISHREASON']._serialized_start=2125
+  _globals['_FINISHREASON']._serialized_end=2245
   _globals['_CHATMESSAGE']._serialized_start=58
   _globals['_CHATMESSAGE']._serialized_end=128
   _globals['_CHATMESSAGES']._serialized_start=130
@@ -57,20 +57,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATIONTIMINGS']._serialized_end=936
   _globals['_GENERATIONRESULT']._serialized_start=939
   _globals['_GENERATIONRESULT']._serialized_end=1132
-  _globals['_GENERATERESPONSE']._serialized_start=1134
-  _globals['_GENERATERESPONSE']._serialized_end=1239
-  _globals['_TOKENIZEREQUEST']._serialized_start=1242
-  _globals['_TOKENIZEREQUEST']._serialized_end=1390
-  _globals['_TOKENIZERESPONSE']._serialized_start=1392
-  _globals['_TOKENIZERESPONSE']._serialized_end=1429
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1431
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1452
-  _globals['_GETMODELINFORESPONSE']._serialized_start=1455
-  _globals['_GETMODELINFORESPONSE']._serialized_end=1741
-  _globals['_GETLOADREQUEST']._serialized_start=1743
-  _globals['_GETLOADREQUEST']._serialized_end=1759
-  _globals['_GETLOADRESPONSE']._serialized_start=1761
-  _globals['_GETLOADRESPONSE']._serialized_end=1886
-  _globals['_INFERENCE']._serialized_start=2108
-  _globals['_INFERENCE']._serialized_end=2588
+  _globals['_OPENGENERATEREQUEST']._serialized_start=1135
+  _globals['_OPENGENERATEREQUEST']._serialized_end=1272
+  _globals['_GENERATERESPONSE']._serialized_start=1274
+  _globals['_GENERATERESPONSE']._serialized_end=1379
+  _globals['_TOKENIZEREQUEST']._serialized_start=1382
+  _globals['_TOKENIZEREQUEST']._serialized_end=1530
+  _globals['_TOKENIZERESPONSE']._serialized_start=1532
+  _globals['_TOKENIZERESPONSE']._serialized_end=1569
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1571
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1592
+  _globals['_GETMODELINFORESPONSE']._serialized_start=1595
+  _globals['_GETMODELINFORESPONSE']._serialized_end=1881
+  _globals['_GETLOADREQUEST']._serialized_start=1883
+  _globals['_GETLOADREQUEST']._serialized_end=1899
+  _globals['_GETLOADRESPONSE']._serialized_start=1901
+  _globals['_GETLOADRESPONSE']._serialized_end=2026
+  _globals['_INFERENCE']._serialized_start=2248
+  _globals['_INFERENCE']._serialized_end=2732
 # @@protoc_insertion_point(module_scope)

@@ -121,6 +121,14 @@ class GenerationResult(_message.Message):
     request_id: str
     def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[GenerationTimings, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
+class OpenGenerateRequest(_message.Message):
+    __slots__ = ("prefix", "request")
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    prefix: ChatMessages
+    request: GenerateRequest
+    def __init__(self, prefix: _Optional[_Union[ChatMessages, _Mapping]] = ..., request: _Optional[_Union[GenerateRequest, _Mapping]] = ...) -> None: ...
+
 class GenerateResponse(_message.Message):
     __slots__ = ("text", "token_ids", "result")
     TEXT_FIELD_NUMBER: _ClassVar[int]

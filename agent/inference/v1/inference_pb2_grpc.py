@@ -42,7 +42,7 @@ class InferenceStub:
                 _registered_method=True)
         self.OpenGenerate = channel.stream_stream(
                 '/agent.inference.v1.Inference/OpenGenerate',
-                request_serializer=agent_dot_inference_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
+                request_serializer=agent_dot_inference_dot_v1_dot_inference__pb2.OpenGenerateRequest.SerializeToString,
                 response_deserializer=agent_dot_inference_dot_v1_dot_inference__pb2.GenerateResponse.FromString,
                 _registered_method=True)
         self.Tokenize = channel.unary_unary(
@@ -79,9 +79,12 @@ class InferenceServicer:
         """OpenGenerate opens a Generate call before its request is ready.
         A caller still assembling its prompt (the gateway's Chat, while history
         and retrieval run) opens the call first, so the call's setup is done by
-        the time the prompt is, then sends exactly one GenerateRequest; the
-        server reads no more. Responses, errors and cancellation are Generate's.
-        Ending the request stream before sending one is INVALID_ARGUMENT.
+        the time the prompt is. It may then send the chat's first messages as
+        soon as it knows them (a session's system prompt and history), which the
+        server tokenizes meanwhile, and then sends exactly one GenerateRequest;
+        the server reads no more. Responses, errors and cancellation are
+        Generate's. Ending the request stream before the request, or a second
+        prefix, is INVALID_ARGUMENT.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -120,7 +123,7 @@ def add_InferenceServicer_to_server(servicer, server):
             ),
             'OpenGenerate': grpc.stream_stream_rpc_method_handler(
                     servicer.OpenGenerate,
-                    request_deserializer=agent_dot_inference_dot_v1_dot_inference__pb2.GenerateRequest.FromString,
+                    request_deserializer=agent_dot_inference_dot_v1_dot_inference__pb2.OpenGenerateRequest.FromString,
                     response_serializer=agent_dot_inference_dot_v1_dot_inference__pb2.GenerateResponse.SerializeToString,
             ),
             'Tokenize': grpc.unary_unary_rpc_method_handler(
@@ -192,7 +195,7 @@ class Inference:
             request_iterator,
             target,
             '/agent.inference.v1.Inference/OpenGenerate',
-            agent_dot_inference_dot_v1_dot_inference__pb2.GenerateRequest.SerializeToString,
+            agent_dot_inference_dot_v1_dot_inference__pb2.OpenGenerateRequest.SerializeToString,
             agent_dot_inference_dot_v1_dot_inference__pb2.GenerateResponse.FromString,
             options,
             channel_credentials,

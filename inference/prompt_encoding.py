@@ -1,0 +1,87 @@
+"""Prompts to token ids, with a conversation's first messages tokenized ahead when the caller sends them early.
+
+A caller that knows a conversation's first messages before the rest (the
+gateway, once a session's history is loaded while retrieval still runs)
+sends them first on an ``OpenGenerate`` call; they are rendered and tokenized
+then, and when the request arrives only what follows them is encoded. The
+result must be the very token ids a whole encode gives, or the prefix cache
+and the model would see another prompt. It is, when the rendered prompt
+starts with the rendered prefix and the rest starts with an added token
+(such as ``<|user|>``): the tokenizer splits text on added tokens before
+anything else, so no token can span that boundary. Both are checked on every
+request, and the tokenizer and its chat template are checked once, on a
+sample conversation, when the encoder is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inference.requests import Message, PromptInput
+
+#: Checked when the encoder is built: reused tokens must equal a whole encode.
+_SAMPLE = (Message("system", "Answer briefly."), Message("user", "What is a tuple?"),
+           Message("assistant", "An immutable sequence.\n"))
+_SAMPLE_NEXT = (Message("user", "  And a list?\n"),)
+
+
+@dataclass(frozen=True)
+class EncodedPrefix:
+    """A conversation's first messages, rendered (without a generation prompt) and tokenized."""
+
+    messages: tuple[Message, ...]
+    text: str
+    token_ids: tuple[int, ...]
+
+
+class PromptEncoder:
+    """Renders chat prompts through the model's template and tokenizes them. Not thread-safe to build; safe to use."""
+
+    def __init__(self, tokenizer) -> None:
+        self._tokenizer = tokenizer
+        # Added tokens that keep the whitespace before them: text is split on
+        # these first, so a boundary just before one is a boundary for BPE too.
+        self._boundaries = tuple(sorted(
+            {token.content for token in tokenizer.added_tokens_decoder.values() if not token.lstrip}, key=len,
+            reverse=True))
+        self.reuses_prefixes = self._reuse_holds_on_a_sample()
+
+    def render(self, messages: tuple[Message, ...], add_generation_prompt: bool) -> str:
+        return self._tokenizer.apply_chat_template(
+            [{"role": m.role, "content": m.content} for m in messages],
+            add_generation_prompt=add_generation_prompt, tokenize=False,
+        )
+
+    def encode_prefix(self, messages: tuple[Message, ...]) -> EncodedPrefix:
+        # Rendered as a whole conversation would start: the template already
+        # holds the special tokens it wants (such as BOS).
+        text = self.render(messages, add_generation_prompt=False)
+        return EncodedPrefix(messages, text, tuple(self._tokenizer.encode(text, add_special_tokens=False)))
+
+    def encode(self, prompt: PromptInput, prefix: EncodedPrefix | None = None) -> tuple[list[int], int]:
+        """The prompt's token ids, and how many of them came from ``prefix`` (0 when it did not apply)."""
+        if prompt.token_ids is not None:
+            return list(prompt.token_ids), 0
+        if prompt.messages is None:
+            return self._tokenizer.encode(prompt.text, add_special_tokens=prompt.add_special_tokens), 0
+        text = self.render(prompt.messages, prompt.add_generation_prompt)
+        if prefix is not None and self.reuses_prefixes:
+            reused = self._after_prefix(prompt.messages, text, prefix)
+            if reused is not None:
+                return reused, len(prefix.token_ids)
+        return self._tokenizer.encode(text, add_special_tokens=False), 0
+
+    def _after_prefix(self, messages: tuple[Message, ...], text: str, prefix: EncodedPrefix) -> list[int] | None:
+        rest = text[len(prefix.text):]
+        if (messages[:len(prefix.messages)] != prefix.messages or not text.startswith(prefix.text)
+                or not rest.startswith(self._boundaries)):
+            return None
+        return [*prefix.token_ids, *self._tokenizer.encode(rest, add_special_tokens=False)]
+
+    def _reuse_holds_on_a_sample(self) -> bool:
+        if not self._boundaries or getattr(self._tokenizer, "chat_template", None) is None:
+            return False
+        whole = _SAMPLE + _SAMPLE_NEXT
+        text = self.render(whole, add_generation_prompt=True)
+        reused = self._after_prefix(whole, text, self.encode_prefix(_SAMPLE))
+        return reused is not None and reused == self._tokenizer.encode(text, add_special_tokens=False)
