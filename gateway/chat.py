@@ -17,15 +17,12 @@ answer): a retry starts clean.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
-from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
@@ -39,12 +36,12 @@ from servicekit.telemetry import trace_id_hex
 
 from gateway.backends import Backends
 from gateway.database import Database
+from gateway.generation_call import GenerationCall
 from gateway.history import history_window
 from gateway.sessions import parse_session_id
 from gateway.settings import GatewaySettings
 from gateway.tenancy import cache_salt_for, physical_collection
 
-log = logging.getLogger(__name__)
 _TRACER = trace.get_tracer("agent-gateway.chat")
 _METER = meter("gateway")
 _FIRST_TOKEN = _METER.create_histogram(
@@ -62,15 +59,6 @@ def _conversation(system_prompt: str, past: list[tuple[str, str]]) -> list[infer
     return [inference_pb2.ChatMessage(role=inference_pb2.ROLE_SYSTEM, content=system_prompt),
             *(inference_pb2.ChatMessage(role=_ROLE.get(role, inference_pb2.ROLE_USER), content=content)
               for role, content in past)]
-
-
-def _started_in(span, start):
-    """``start()`` with ``span`` current, so the backend call it makes carries the span's trace context."""
-    token = otel_context.attach(trace.set_span_in_context(span))
-    try:
-        return start()
-    finally:
-        otel_context.detach(token)
 
 
 def _over_context(error: ServiceError) -> bool:
@@ -93,6 +81,21 @@ class Clock:
 
     def ms(self, since: float | None = None) -> float:
         return (time.perf_counter() - (since if since is not None else self.started)) * 1000
+
+
+@dataclass
+class _Turn:
+    """What one turn gathers as it runs."""
+
+    request: pb.ChatRequest
+    tenant: str
+    timings: pb.StageTimings
+    system_prompt: str
+    history: list[tuple[str, str]] = field(default_factory=list)
+    documents: list[retrieval_pb2.ScoredDocument] = field(default_factory=list)
+    degraded: list[str] = field(default_factory=list)
+    pieces: list[str] = field(default_factory=list)
+    result: inference_pb2.GenerationResult | None = None
 
 
 class ChatTurns:
@@ -183,150 +186,131 @@ class ChatTurns:
                 yield pb.ChatResponse(final=final)
                 return
 
-        async def timed(name: str, coro, budget_s: float):
-            started = time.perf_counter()
-            with _TRACER.start_as_current_span(name) as span:
-                try:
-                    async with asyncio.timeout(budget_s):  # in this task: no extra task per stage, as wait_for makes
-                        result = await coro
-                    return result, None, (time.perf_counter() - started) * 1000
-                except (TimeoutError, ServiceError) as exc:
-                    span.set_status(Status(StatusCode.ERROR, str(exc) or "timed out"))
-                    return None, exc, (time.perf_counter() - started) * 1000
+        turn = _Turn(request, tenant, timings, request.system_prompt or self.settings.default_system_prompt)
+        call = GenerationCall(self.backends, context)
+        try:
+            await self._stages(turn, session_id, call, context)
+            async for event in self._generate(turn, call, context, clock):
+                yield event
+        finally:
+            call.close()
+        yield pb.ChatResponse(final=await self._finish(turn, session_id, trace_id, clock))
 
-        system_prompt = request.system_prompt or self.settings.default_system_prompt
+    async def _stages(self, turn: _Turn, session_id: uuid.UUID | None, call: GenerationCall, context) -> None:
+        """History and retrieval at once, each within its budget, while the inference call opens."""
 
         async def history_then_prefix():
-            outcome = await timed("history", self._history(tenant, session_id), self.settings.history_budget_s)
-            past = outcome[0][0] if outcome[0] else None
-            if opened is not None and past:
-                # The prompt's session part, to the inference service to tokenize while retrieval still runs.
-                with contextlib.suppress(ServiceError):  # the call ended: sending the request will say why
-                    await opened.send_prefix(_conversation(system_prompt, past))
+            outcome = await _timed("history", self._history(turn.tenant, session_id), self.settings.history_budget_s)
+            if outcome[0] and outcome[0][0]:
+                # The prompt's session part, for the inference service to tokenize while retrieval still runs.
+                await call.send_prefix(_conversation(turn.system_prompt, outcome[0][0]))
             return outcome
 
         stages = asyncio.gather(
             history_then_prefix(),
-            timed("retrieval", self._retrieve(tenant, request, context), self.settings.retrieval_budget_s),
+            _timed("retrieval", self._retrieve(turn.tenant, turn.request, context), self.settings.retrieval_budget_s),
         )
-        # Not "current" across the yields below: a context attached in an
-        # async generator must not leak to the code between its messages.
-        generation_span = opened = None
         try:
             if self.settings.open_generate_early and self.backends.inference_opens_early:
                 await asyncio.sleep(0)  # the stages' own calls go out first
-                # The inference call opens now, its request follows once the
-                # prompt is built: the call's setup is off the first token's
-                # path. Its span is the generation stage's, which therefore
-                # starts with the stages (the stage's timing does not).
-                generation_span = _TRACER.start_span("generation")
-                opened = _started_in(generation_span, lambda: self.backends.open_generate(context))
-            (history, history_error, timings.history_ms), (documents, retrieval_error, timings.retrieval_ms) = \
+                call.open_early()
+            (history, history_error, turn.timings.history_ms), (documents, retrieval_error, turn.timings.retrieval_ms) = \
                 await stages
-            if history_error is not None:
-                if isinstance(history_error, (NotFound, InvalidArgument)):
-                    raise history_error
-                raise Unavailable(f"session history unavailable; the turn was not run ({history_error or 'timed out'})")
-            history, trimmed = history
-            degraded = []
-            if retrieval_error is not None:
-                timed_out = isinstance(retrieval_error, TimeoutError)
-                # The caller's own mistake (a bad collection name here, a top_k past
-                # the cap or a bad filter at the retrieval service) fails the turn:
-                # degrading would hide it. A backend's INVALID_ARGUMENT arrives as a
-                # ServiceError with that code, not as an InvalidArgument.
-                client_fault = getattr(retrieval_error, "code", None) == grpc.StatusCode.INVALID_ARGUMENT
-                if client_fault or self.settings.fail_on_retrieval_error:
-                    raise Unavailable("retrieval timed out") if timed_out else retrieval_error
-                reason = f"timed out after {self.settings.retrieval_budget_s:g}s" if timed_out else f"failed: {retrieval_error}"
-                degraded.append(f"no context: retrieval {reason}")
-                documents = []
-            if trimmed:
-                degraded.append("history trimmed to AGW_GATEWAY_HISTORY_TOKEN_BUDGET (oldest messages left out)")
-            # Sent once the backend call has started (below): the write then overlaps the engine's prefill.
-            context_event = pb.ChatResponse(context=pb.ContextEvent(documents=documents)) if documents else None
-
-            context_block = "\n".join(f"[{i + 1}] {d.payload['text']}" for i, d in enumerate(documents)
-                                      if "text" in d.payload)
-            user = f"Context:\n{context_block}\n\nQuestion: {request.message}" if context_block else request.message
-
-            cache_salt = cache_salt_for(self.settings.prefix_cache, tenant)
-
-            def prompt(past: list[tuple[str, str]]) -> inference_pb2.GenerateRequest:
-                messages = [*_conversation(system_prompt, past),
-                            inference_pb2.ChatMessage(role=inference_pb2.ROLE_USER, content=user)]
-                return inference_pb2.GenerateRequest(chat=inference_pb2.ChatMessages(messages=messages),
-                                                     sampling=request.generation, cache_salt=cache_salt)
-
-            generation_started = time.perf_counter()
-            pieces, result = [], None
-            generation_span = generation_span or _TRACER.start_span("generation")
-            generation_span.add_event("prompt_ready")
-            if self.settings.trace_content:  # AGW_TRACE_CONTENT=1 only: prompts can hold personal data
-                generation_span.set_attribute("agw.chat.user_message", request.message)
-            try:
-                while True:
-                    try:
-                        early, opened = opened, None  # the early call serves the first attempt only
-                        call = early or _started_in(
-                            generation_span, lambda: self.backends.start_generate(prompt(history), context))
-                        # Leaving the block (done, failed, or the turn closed mid-stream) cancels the call now.
-                        async with call as stream:
-                            if early is not None:
-                                await stream.send(prompt(history))
-                            if context_event is not None:
-                                # Let the request go out first: the context event's
-                                # write then overlaps the engine's prefill.
-                                await asyncio.sleep(0)
-                                yield context_event
-                                context_event = None
-                            async for message in stream:
-                                if message.text:
-                                    if not pieces:
-                                        timings.first_token_ms = clock.ms()
-                                        generation_span.add_event("first_token")
-                                    pieces.append(message.text)
-                                    yield pb.ChatResponse(delta=pb.TokenDelta(text=message.text))
-                                if message.HasField("result"):
-                                    result = message.result
-                        break
-                    except ServiceError as exc:
-                        if early is not None and exc.code == grpc.StatusCode.UNIMPLEMENTED and not pieces:
-                            # An inference service older than OpenGenerate: Generate, now and from now on.
-                            log.warning("%s; turns use Generate until the gateway restarts", exc.message)
-                            self.backends.inference_opens_early = False
-                            continue
-                        if pieces or not _over_context(exc):
-                            raise
-                        if not history:
-                            raise ResourceExhausted(
-                                f"the message does not fit the model's context even without history ({exc.message}); "
-                                "shorten it or lower max_tokens", retry_after_s=None) from None
-                        # Over the context: drop the oldest half of the history and try again.
-                        history = history[len(history) // 2 + len(history) % 2:]
-                        if "history trimmed" not in " ".join(degraded):
-                            degraded.append("history trimmed to fit the model's context (oldest messages left out)")
-            except BaseException as exc:  # cancelled, failed: the span says so, and always ends
-                generation_span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
-                raise
-            finally:
-                if self.settings.trace_content:
-                    generation_span.set_attribute("agw.chat.answer", "".join(pieces))
-                generation_span.end()
         finally:
-            if opened is not None:
-                opened.close()  # unused (a stage failed, the turn was cancelled): the call ends now
-            if generation_span is not None and generation_span.is_recording():  # opened, never reached
-                generation_span.set_status(Status(StatusCode.ERROR, "the turn ended before its prompt was ready"))
-                generation_span.end()
             if not stages.done():  # opening failed, or the turn was cancelled meanwhile
                 await cancel_and_wait(stages)
-        timings.generation_ms = clock.ms(generation_started)
-        answer = "".join(pieces)
+        if history_error is not None:
+            if isinstance(history_error, (NotFound, InvalidArgument)):
+                raise history_error
+            raise Unavailable(f"session history unavailable; the turn was not run ({history_error or 'timed out'})")
+        turn.history, trimmed = history
+        if retrieval_error is not None:
+            timed_out = isinstance(retrieval_error, TimeoutError)
+            # The caller's own mistake (a bad collection name here, a top_k past
+            # the cap or a bad filter at the retrieval service) fails the turn:
+            # degrading would hide it. A backend's INVALID_ARGUMENT arrives as a
+            # ServiceError with that code, not as an InvalidArgument.
+            client_fault = getattr(retrieval_error, "code", None) == grpc.StatusCode.INVALID_ARGUMENT
+            if client_fault or self.settings.fail_on_retrieval_error:
+                raise Unavailable("retrieval timed out") if timed_out else retrieval_error
+            reason = f"timed out after {self.settings.retrieval_budget_s:g}s" if timed_out else f"failed: {retrieval_error}"
+            turn.degraded.append(f"no context: retrieval {reason}")
+        else:
+            turn.documents = documents
+        if trimmed:
+            turn.degraded.append("history trimmed to AGW_GATEWAY_HISTORY_TOKEN_BUDGET (oldest messages left out)")
 
+    async def _generate(self, turn: _Turn, call: GenerationCall, context, clock: Clock):
+        """The context event (once the request is out, so its write overlaps the prefill), then token deltas."""
+        request = turn.request
+        context_event = pb.ChatResponse(context=pb.ContextEvent(documents=turn.documents)) if turn.documents else None
+        context_block = "\n".join(f"[{i + 1}] {d.payload['text']}" for i, d in enumerate(turn.documents)
+                                  if "text" in d.payload)
+        user = f"Context:\n{context_block}\n\nQuestion: {request.message}" if context_block else request.message
+        cache_salt = cache_salt_for(self.settings.prefix_cache, turn.tenant)
+
+        def prompt(past: list[tuple[str, str]]) -> inference_pb2.GenerateRequest:
+            messages = [*_conversation(turn.system_prompt, past),
+                        inference_pb2.ChatMessage(role=inference_pb2.ROLE_USER, content=user)]
+            return inference_pb2.GenerateRequest(chat=inference_pb2.ChatMessages(messages=messages),
+                                                 sampling=request.generation, cache_salt=cache_salt)
+
+        generation_started = time.perf_counter()
+        # Not "current" across the yields below: a context attached in an
+        # async generator must not leak to the code between its messages.
+        span = call.prompt_ready()
+        if self.settings.trace_content:  # AGW_TRACE_CONTENT=1 only: prompts can hold personal data
+            span.set_attribute("agw.chat.user_message", request.message)
+        history = turn.history
+        try:
+            while True:
+                early = call.opened_early
+                try:
+                    # Leaving the block (done, failed, or the turn closed mid-stream) cancels the call now.
+                    async with await call.start(prompt(history)) as stream:
+                        if context_event is not None:
+                            await asyncio.sleep(0)  # a new call's request goes out first
+                            yield context_event
+                            context_event = None
+                        async for message in stream:
+                            if message.text:
+                                if not turn.pieces:
+                                    turn.timings.first_token_ms = clock.ms()
+                                    span.add_event("first_token")
+                                turn.pieces.append(message.text)
+                                yield pb.ChatResponse(delta=pb.TokenDelta(text=message.text))
+                            if message.HasField("result"):
+                                turn.result = message.result
+                    break
+                except ServiceError as exc:
+                    if early and not turn.pieces and call.refused(exc):
+                        continue  # an inference service older than OpenGenerate: Generate
+                    if turn.pieces or not _over_context(exc):
+                        raise
+                    if not history:
+                        raise ResourceExhausted(
+                            f"the message does not fit the model's context even without history ({exc.message}); "
+                            "shorten it or lower max_tokens", retry_after_s=None) from None
+                    # Over the context: drop the oldest half of the history and try again.
+                    history = history[len(history) // 2 + len(history) % 2:]
+                    if "history trimmed" not in " ".join(turn.degraded):
+                        turn.degraded.append("history trimmed to fit the model's context (oldest messages left out)")
+        except BaseException as exc:  # cancelled, failed: the span says so, and always ends
+            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+            raise
+        finally:
+            if self.settings.trace_content:
+                span.set_attribute("agw.chat.answer", "".join(turn.pieces))
+            span.end()
+        turn.timings.generation_ms = clock.ms(generation_started)
+
+    async def _finish(self, turn: _Turn, session_id: uuid.UUID | None, trace_id: str, clock: Clock) -> pb.TurnSummary:
+        """The final event, once the turn is stored (a failed write raises: no final event)."""
+        result, timings = turn.result, turn.timings
+        answer = "".join(turn.pieces)
         final = pb.TurnSummary(
             finish_reason=result.finish_reason if result else 0, usage=result.usage if result else None,
-            degraded=bool(degraded), degraded_reason="; ".join(degraded), session_id=request.session_id,
+            degraded=bool(turn.degraded), degraded_reason="; ".join(turn.degraded), session_id=turn.request.session_id,
             trace_id=trace_id, engine_timings=result.timings if result else None,
         )
         if session_id is not None:
@@ -334,13 +318,26 @@ class ChatTurns:
             timings.persist_ms = 0.0
             final.timings.CopyFrom(timings)
             with _TRACER.start_as_current_span("persist"):
-                await self._persist(tenant, session_id, request, answer, final.usage.completion_tokens,
+                await self._persist(turn.tenant, session_id, turn.request, answer, final.usage.completion_tokens,
                                     {"text": answer, "final": final.SerializeToString().hex()}, trace_id)
             timings.persist_ms = clock.ms(persist_started)
         timings.total_ms = clock.ms()
         final.timings.CopyFrom(timings)
-        _record_turn(timings, degraded)
-        yield pb.ChatResponse(final=final)
+        _record_turn(timings, turn.degraded)
+        return final
+
+
+async def _timed(name: str, coro, budget_s: float):
+    """``(result, None, ms)`` or ``(None, error, ms)``: a stage within its budget, in its own span."""
+    started = time.perf_counter()
+    with _TRACER.start_as_current_span(name) as span:
+        try:
+            async with asyncio.timeout(budget_s):  # in this task: no extra task per stage, as wait_for makes
+                result = await coro
+            return result, None, (time.perf_counter() - started) * 1000
+        except (TimeoutError, ServiceError) as exc:
+            span.set_status(Status(StatusCode.ERROR, str(exc) or "timed out"))
+            return None, exc, (time.perf_counter() - started) * 1000
 
 
 def _record_turn(timings: pb.StageTimings, degraded: list[str]) -> None:

@@ -1,0 +1,97 @@
+"""A Chat turn's inference call and its ``generation`` span.
+
+Opened early (``Inference.OpenGenerate``, right after history and retrieval
+start) the call's setup is done before the prompt is; the system prompt and
+history go out on it as soon as Postgres answers, so the inference service
+tokenizes them while retrieval still runs; the request follows when the
+prompt is ready. Otherwise, or for a retry, a plain ``Generate`` call starts
+at the prompt. Either way the call runs inside the ``generation`` span, so the
+inference service's spans sit under it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import grpc
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
+
+from agent.inference.v1 import inference_pb2
+from servicekit.errors import ServiceError
+
+from gateway.backends import Backends, StartedStream
+
+log = logging.getLogger(__name__)
+_TRACER = trace.get_tracer("agent-gateway.chat")
+
+
+class GenerationCall:
+    """The turn's inference call(s), in one ``generation`` span; :meth:`close` ends whatever is left."""
+
+    def __init__(self, backends: Backends, context) -> None:
+        self._backends = backends
+        self._context = context
+        self._opened: StartedStream | None = None
+        self.span: trace.Span | None = None
+
+    def open_early(self) -> None:
+        """Open the call now (OpenGenerate); its span, the generation stage's, starts with it."""
+        self.span = _TRACER.start_span("generation")
+        self._opened = self._in_span(lambda: self._backends.open_generate(self._context))
+
+    async def send_prefix(self, messages: list[inference_pb2.ChatMessage]) -> None:
+        """The prompt's first messages, for the inference service to tokenize meanwhile (early calls only)."""
+        if self._opened is not None:
+            with contextlib.suppress(ServiceError):  # the call ended: sending the request will say why
+                await self._opened.send_prefix(messages)
+
+    def prompt_ready(self) -> trace.Span:
+        """Mark the prompt built; the span (started now if the call was not opened early)."""
+        self.span = self.span or _TRACER.start_span("generation")
+        self.span.add_event("prompt_ready")
+        return self.span
+
+    @property
+    def opened_early(self) -> bool:
+        """Whether :meth:`start` will use the early call (an UNIMPLEMENTED from it: see :meth:`refused`)."""
+        return self._opened is not None
+
+    async def start(self, request: inference_pb2.GenerateRequest) -> StartedStream:
+        """The stream of ``request``: on the early call the first time, else on a new Generate call."""
+        early, self._opened = self._opened, None  # the early call serves the first attempt only
+        if early is None:
+            return self._in_span(lambda: self._backends.start_generate(request, self._context))
+        try:
+            await early.send(request)
+        except BaseException:
+            early.close()
+            raise
+        return early
+
+    def refused(self, error: ServiceError) -> bool:
+        """Whether the early call was refused as unknown: retry with Generate, and do so from now on."""
+        if error.code != grpc.StatusCode.UNIMPLEMENTED:
+            return False
+        log.warning("%s; turns use Generate until the gateway restarts", error.message)
+        self._backends.inference_opens_early = False
+        return True
+
+    def close(self) -> None:
+        """Cancel an early call never used; end the span if nothing else did (a stage failed first)."""
+        if self._opened is not None:
+            self._opened.close()
+            self._opened = None
+        if self.span is not None and self.span.is_recording():
+            self.span.set_status(Status(StatusCode.ERROR, "the turn ended before its prompt was ready"))
+            self.span.end()
+
+    def _in_span(self, start):
+        # Current while the call is made, so its metadata carries the span's trace context.
+        token = otel_context.attach(trace.set_span_in_context(self.span))
+        try:
+            return start()
+        finally:
+            otel_context.detach(token)
