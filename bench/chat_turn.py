@@ -12,7 +12,13 @@ first token and total, p50/p95/p99, at concurrency 1 and 8, and the gateway's
 share of the first token: gateway TTFT - (max(history, retrieval) + direct
 TTFT), from the p50s (the goal's form) and paired turn by turn.
 
-    python bench/chat_turn.py [--turns 50] [--window-step 16] [--json bench/out/chat.json]
+``--side-by-side`` adds a second gateway with AGW_GATEWAY_OPEN_GENERATE_EARLY
+off (a plain Generate call once the prompt is ready), called as another
+tenant so its prompts have their own prefix-cache partition; each turn then
+runs on all three paths, in rotating order, and the report compares the two
+gateways on the same turns.
+
+    python bench/chat_turn.py [--turns 50] [--window-step 16] [--side-by-side] [--json bench/out/chat.json]
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import argparse
 import asyncio
 import statistics
 import time
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 from harness import (backend_processes, command_line, dev_pki, gateway_process, print_table, scratch_dir, summary,
@@ -83,21 +90,36 @@ async def direct_turn(stub, messages: list[inference_pb2.ChatMessage]) -> dict:
             "cached": result.usage.cached_prompt_tokens, "prompt": result.usage.prompt_tokens}
 
 
+#: The second gateway's tenant (--side-by-side): its own collections and prefix-cache partition.
+OFF_TENANT = "bench-off"
+
+
 async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], window: GatewaySettings) -> dict:
     def channel(port, identity):
         return open_channel(ChannelSpec(target=f"127.0.0.1:{port}", tls=ClientTls.from_dir(tls, identity)))
 
-    async with channel(ports["gateway"], "dev") as gw_channel, channel(ports["inference"], "gateway") as inf_channel:
-        await wait_ready(gw_channel, timeout_s=30, target="gateway")
+    gateways = {"gateway": ("gateway", "dev")}
+    if "gateway_off" in ports:
+        gateways["gateway_off"] = ("gateway_off", OFF_TENANT)
+    async with AsyncExitStack() as stack:
+        stubs = {}
+        for path, (port_name, identity) in gateways.items():
+            gw_channel = await stack.enter_async_context(channel(ports[port_name], identity))
+            await wait_ready(gw_channel, timeout_s=30, target=path)
+            stubs[path] = gateway_pb2_grpc.AgentGatewayStub(gw_channel)
+            await stubs[path].IngestDocuments(pb.IngestDocumentsRequest(collection="docs", documents=_documents()),
+                                              timeout=300)
+        inf_channel = await stack.enter_async_context(channel(ports["inference"], "gateway"))
         await wait_ready(inf_channel, timeout_s=30, target="inference")
-        gateway = gateway_pb2_grpc.AgentGatewayStub(gw_channel)
+        gateway = stubs["gateway"]
         inference = inference_pb2_grpc.InferenceStub(inf_channel)
-        await gateway.IngestDocuments(pb.IngestDocumentsRequest(collection="docs", documents=_documents()), timeout=300)
         results = {}
         for concurrency in levels:
-            sessions = [(await gateway.CreateSession(pb.CreateSessionRequest(), timeout=5)).session.id
-                        for _ in range(concurrency)]
-            rows = {"gateway": [], "direct": [], "share": [], "engine": [], "outside_engine": []}
+            sessions = {path: [(await stub.CreateSession(pb.CreateSessionRequest(), timeout=5)).session.id
+                               for _ in range(concurrency)] for path, stub in stubs.items()}
+            rows = {path: [] for path in (*stubs, "direct")}
+            rows |= {f"{kind}{suffix}": [] for kind in ("share", "engine", "outside_engine") for suffix in
+                     ("", "_off")}
             per_worker = max(1, turns // concurrency)
 
             async def same_prompt(session: str, question: str) -> list[inference_pb2.ChatMessage]:
@@ -119,35 +141,72 @@ async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], w
             async def worker(index: int):
                 for turn in range(per_worker):
                     question = QUESTIONS[(index + turn) % len(QUESTIONS)]
-                    prompt = await same_prompt(sessions[index], question)  # untimed
+                    prompt = await same_prompt(sessions["gateway"][index], question)  # untimed
                     # The direct path runs in its own prefix-cache partition
                     # (a cache salt), so each path finds in the cache exactly
                     # what its own previous turns left there (the history) and
                     # neither reuses the other's prompt. The paths still take
-                    # turns at going first, in blocks of len(QUESTIONS) turns,
-                    # so that what runs just before (the other path's
-                    # generation) weighs on both alike.
-                    if (turn // len(QUESTIONS)) % 2 == 0:
-                        direct = await direct_turn(inference, prompt)
-                        via_gateway = await gateway_turn(gateway, sessions[index], question)
-                    else:
-                        via_gateway = await gateway_turn(gateway, sessions[index], question)
-                        direct = await direct_turn(inference, prompt)
-                    rows["gateway"].append(via_gateway)
+                    # turns at going first, rotating every len(QUESTIONS)
+                    # turns, so that what runs just before (another path's
+                    # generation) weighs on all alike.
+                    calls = {path: (lambda path=path: gateway_turn(stubs[path], sessions[path][index], question))
+                             for path in stubs}
+                    calls["direct"] = lambda: direct_turn(inference, prompt)
+                    order = list(calls)
+                    shift = (turn // len(QUESTIONS)) % len(order)
+                    measured = {path: await calls[path]() for path in order[shift:] + order[:shift]}
+                    direct = measured["direct"]
+                    for path, suffix in (("gateway", ""), ("gateway_off", "_off")):
+                        if path not in measured:
+                            continue
+                        via_gateway = measured[path]
+                        rows[path].append(via_gateway)
+                        # Paired: this turn's gateway share, on the same prompt.
+                        stages = max(via_gateway["history"], via_gateway["retrieval"])
+                        rows["share" + suffix].append(via_gateway["ttft"] - stages - direct["ttft"])
+                        # The same share, split: the engine's first token on each
+                        # path (arrival at the engine to first token, the
+                        # engine's clock), and everything else (hops, gateway).
+                        rows["engine" + suffix].append(via_gateway["engine_ttft"] - direct["engine_ttft"])
+                        rows["outside_engine" + suffix].append(
+                            (via_gateway["ttft"] - stages - via_gateway["engine_ttft"])
+                            - (direct["ttft"] - direct["engine_ttft"]))
                     rows["direct"].append(direct)
-                    # Paired: this turn's gateway share, on the same prompt.
-                    stages = max(via_gateway["history"], via_gateway["retrieval"])
-                    rows["share"].append(via_gateway["ttft"] - stages - direct["ttft"])
-                    # The same share, split: the engine's first token on each
-                    # path (arrival at the engine to first token, the
-                    # engine's clock), and everything else (hops, gateway).
-                    rows["engine"].append(via_gateway["engine_ttft"] - direct["engine_ttft"])
-                    rows["outside_engine"].append((via_gateway["ttft"] - stages - via_gateway["engine_ttft"])
-                                                  - (direct["ttft"] - direct["engine_ttft"]))
 
             await asyncio.gather(*(worker(i) for i in range(concurrency)))
             results[concurrency] = rows
         return results
+
+
+def _gateway_stats(rows: dict, path: str, suffix: str) -> dict:
+    """One gateway's first-token share against the direct path, from the p50s and paired."""
+    g, d = rows[path], rows["direct"]
+    gateway_ttft, direct_ttft = summary([r["ttft"] for r in g]), summary([r["ttft"] for r in d])
+    stage = statistics.median(max(r["history"], r["retrieval"]) for r in g)
+    return {"gateway_ttft": gateway_ttft, "direct_ttft": direct_ttft,
+            "gateway_total": summary([r["total"] for r in g]), "direct_total": summary([r["total"] for r in d]),
+            "history_retrieval_p50": stage, "gateway_share_p50": gateway_ttft["p50"] - (stage + direct_ttft["p50"]),
+            "paired_share": summary(rows["share" + suffix]),
+            "paired_share_engine": summary(rows["engine" + suffix]),
+            "paired_share_outside_engine": summary(rows["outside_engine" + suffix]),
+            "engine_ttft_p50": {"gateway": statistics.median(r["engine_ttft"] for r in g),
+                                "direct": statistics.median(r["engine_ttft"] for r in d)},
+            "edge": summary([r["edge"] for r in g]),
+            "uncached_tokens_p50": {"gateway": statistics.median(r["prompt"] - r["cached"] for r in g),
+                                    "direct": statistics.median(r["prompt"] - r["cached"] for r in d)}}
+
+
+def _report(concurrency: int, label: str, s: dict) -> None:
+    paired = s["paired_share"]
+    print(f"c={concurrency} {label}: max(history, retrieval) p50 {s['history_retrieval_p50']:.2f} ms; gateway share "
+          f"of the first token {s['gateway_share_p50']:+.2f} ms (goal <= +2 ms); paired per turn: p50 "
+          f"{paired['p50']:+.2f}, p95 {paired['p95']:+.2f} ms; of which outside the gateway's clock (way in, first "
+          f"token out) p50 {s['edge']['p50']:.2f} ms; uncached prompt tokens p50: "
+          f"gateway {s['uncached_tokens_p50']['gateway']:.0f}, direct {s['uncached_tokens_p50']['direct']:.0f}")
+    print(f"     split, paired p50: the engine's first token {s['paired_share_engine']['p50']:+.2f} ms "
+          f"(engine TTFT p50 gateway {s['engine_ttft_p50']['gateway']:.2f}, "
+          f"direct {s['engine_ttft_p50']['direct']:.2f}), "
+          f"the rest (hops and gateway) {s['paired_share_outside_engine']['p50']:+.2f} ms")
 
 
 def main() -> int:
@@ -156,54 +215,49 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8], help="concurrency levels")
     parser.add_argument("--window-step", type=int, default=None,
                         help="AGW_GATEWAY_HISTORY_WINDOW_STEP for the gateway (2: the window slides every turn)")
+    parser.add_argument("--side-by-side", action="store_true",
+                        help="also a gateway with AGW_GATEWAY_OPEN_GENERATE_EARLY=false, on the same turns")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     step = {} if args.window_step is None else {"history_window_step": args.window_step}
     window = load_settings(GatewaySettings, **step)  # the bench's direct prompts use the gateway's window
     root = scratch_dir("chat")
-    tls = dev_pki(root)
+    tls = dev_pki(root, tenants=("dev", OFF_TENANT) if args.side_by_side else ("dev",))
     with backend_processes(root, tls) as (ports, started):
-        gateway = gateway_process(root, tls, "gateway", ports,
-                                  AGW_GATEWAY_HISTORY_WINDOW_STEP=str(window.history_window_step))
-        started.append(gateway)
-        ports["gateway"] = gateway.wait_serving()
+        variants = {"gateway": {}}
+        if args.side_by_side:
+            variants["gateway_off"] = {"AGW_GATEWAY_OPEN_GENERATE_EARLY": "false"}
+        for name, env in variants.items():
+            gateway = gateway_process(root, tls, name, ports,
+                                      AGW_GATEWAY_HISTORY_WINDOW_STEP=str(window.history_window_step), **env)
+            started.append(gateway)
+            ports[name] = gateway.wait_serving()
         results = asyncio.run(run(ports, tls, args.turns, args.concurrency, window))
 
     table, stats = [], {}
     for concurrency, rows in results.items():
-        g, d = rows["gateway"], rows["direct"]
-        gateway_ttft, direct_ttft = summary([r["ttft"] for r in g]), summary([r["ttft"] for r in d])
-        stage = statistics.median(max(r["history"], r["retrieval"]) for r in g)
-        share = gateway_ttft["p50"] - (stage + direct_ttft["p50"])
-        stats[concurrency] = {"gateway_ttft": gateway_ttft, "direct_ttft": direct_ttft,
-                              "gateway_total": summary([r["total"] for r in g]), "direct_total": summary([r["total"] for r in d]),
-                              "history_retrieval_p50": stage, "gateway_share_p50": share,
-                              "paired_share": summary(rows["share"]),
-                              "paired_share_engine": summary(rows["engine"]),
-                              "paired_share_outside_engine": summary(rows["outside_engine"]),
-                              "engine_ttft_p50": {path: statistics.median(r["engine_ttft"] for r in rows[path])
-                                                  for path in ("gateway", "direct")},
-                              "edge": summary([r["edge"] for r in g]),
-                              "uncached_tokens_p50": {path: statistics.median(r["prompt"] - r["cached"] for r in rows[path])
-                                                      for path in ("gateway", "direct")}}
-        for name, ttft, total in (("gateway Chat", gateway_ttft, stats[concurrency]["gateway_total"]),
-                                  ("direct Generate", direct_ttft, stats[concurrency]["direct_total"])):
-            table.append({"conc": concurrency, "path": name, "turns": ttft["n"], "TTFT p50": ttft["p50"],
-                          "TTFT p95": ttft["p95"], "TTFT p99": ttft["p99"], "total p50": total["p50"],
-                          "total p99": total["p99"]})
+        stats[concurrency] = _gateway_stats(rows, "gateway", "")
+        if "gateway_off" in rows:
+            stats[concurrency]["off"] = _gateway_stats(rows, "gateway_off", "_off")
+        paths = [("gateway Chat", stats[concurrency])]
+        if "off" in stats[concurrency]:
+            paths.append(("gateway Chat, early call off", stats[concurrency]["off"]))
+        for name, s in paths:
+            table.append({"conc": concurrency, "path": name, "turns": s["gateway_ttft"]["n"],
+                          "TTFT p50": s["gateway_ttft"]["p50"], "TTFT p95": s["gateway_ttft"]["p95"],
+                          "TTFT p99": s["gateway_ttft"]["p99"], "total p50": s["gateway_total"]["p50"],
+                          "total p99": s["gateway_total"]["p99"]})
+        direct = stats[concurrency]
+        table.append({"conc": concurrency, "path": "direct Generate", "turns": direct["direct_ttft"]["n"],
+                      "TTFT p50": direct["direct_ttft"]["p50"], "TTFT p95": direct["direct_ttft"]["p95"],
+                      "TTFT p99": direct["direct_ttft"]["p99"], "total p50": direct["direct_total"]["p50"],
+                      "total p99": direct["direct_total"]["p99"]})
     print_table("agent turn: first token and total, ms (16 tokens, smoke model)", table,
                 ["conc", "path", "turns", "TTFT p50", "TTFT p95", "TTFT p99", "total p50", "total p99"])
     for concurrency, s in stats.items():
-        paired = s["paired_share"]
-        print(f"c={concurrency}: max(history, retrieval) p50 {s['history_retrieval_p50']:.2f} ms; gateway share of the "
-              f"first token {s['gateway_share_p50']:+.2f} ms (goal <= +2 ms); paired per turn: p50 {paired['p50']:+.2f}, "
-              f"p95 {paired['p95']:+.2f} ms; of which outside the gateway's clock (way in, first token out) "
-              f"p50 {s['edge']['p50']:.2f} ms; uncached prompt tokens p50: "
-              f"gateway {s['uncached_tokens_p50']['gateway']:.0f}, direct {s['uncached_tokens_p50']['direct']:.0f}")
-        print(f"     split, paired p50: the engine's first token {s['paired_share_engine']['p50']:+.2f} ms "
-              f"(engine TTFT p50 gateway {s['engine_ttft_p50']['gateway']:.2f}, "
-              f"direct {s['engine_ttft_p50']['direct']:.2f}), "
-              f"the rest (hops and gateway) {s['paired_share_outside_engine']['p50']:+.2f} ms")
+        _report(concurrency, "gateway", s)
+        if "off" in s:
+            _report(concurrency, "gateway, early call off", s["off"])
     print(f"command: {command_line()}")
     write_json(args.json, {"stats": {str(k): v for k, v in stats.items()}})
     return 0
