@@ -200,10 +200,12 @@ class ChatTurns:
         """History and retrieval at once, each within its budget, while the inference call opens."""
 
         async def history_then_prefix():
-            outcome = await _timed("history", self._history(turn.tenant, session_id), self.settings.history_budget_s)
-            if outcome[0] and outcome[0][0]:
+            outcome = loaded, _error, _ms = await _timed(
+                "history", self._history(turn.tenant, session_id), self.settings.history_budget_s)
+            past = loaded[0] if loaded else []
+            if past:
                 # The prompt's session part, for the inference service to tokenize while retrieval still runs.
-                await call.send_prefix(_conversation(turn.system_prompt, outcome[0][0]))
+                await call.send_prefix(_conversation(turn.system_prompt, past))
             return outcome
 
         stages = asyncio.gather(

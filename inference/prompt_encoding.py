@@ -35,15 +35,13 @@ class EncodedPrefix:
 
 
 class PromptEncoder:
-    """Renders chat prompts through the model's template and tokenizes them. Not thread-safe to build; safe to use."""
+    """Renders chat prompts through the model's template and tokenizes them; stateless once built."""
 
     def __init__(self, tokenizer) -> None:
         self._tokenizer = tokenizer
         # Added tokens that keep the whitespace before them: text is split on
         # these first, so a boundary just before one is a boundary for BPE too.
-        self._boundaries = tuple(sorted(
-            {token.content for token in tokenizer.added_tokens_decoder.values() if not token.lstrip}, key=len,
-            reverse=True))
+        self._boundaries = tuple({token.content for token in tokenizer.added_tokens_decoder.values() if not token.lstrip})
         self.reuses_prefixes = self._reuse_holds_on_a_sample()
 
     def render(self, messages: tuple[Message, ...], add_generation_prompt: bool) -> str:

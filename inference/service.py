@@ -22,8 +22,8 @@ from servicekit.server import Health
 
 from inference.convert import (
     delta_to_proto,
-    messages_from_proto,
     load_to_proto,
+    messages_from_proto,
     model_info_to_proto,
     prompt_from_generate,
     prompt_from_tokenize,
