@@ -96,11 +96,11 @@ OFF_TENANT = "bench-off"
 
 async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], window: GatewaySettings) -> dict:
     def channel(port, identity):
-        return open_channel(ChannelSpec(target=f"127.0.0.1:{port}", tls=ClientTls.from_dir(tls, identity)))
+        return open_channel(ChannelSpec(target=f"127.0.0.1:{port}", tls=ClientTls.for_identity(tls, identity)))
 
-    gateways = {"gateway": ("gateway", "dev")}
+    gateways = {"gateway": ("gateway", "tenant/dev")}
     if "gateway_off" in ports:
-        gateways["gateway_off"] = ("gateway_off", OFF_TENANT)
+        gateways["gateway_off"] = ("gateway_off", f"tenant/{OFF_TENANT}")
     async with AsyncExitStack() as stack:
         stubs = {}
         for path, (port_name, identity) in gateways.items():
@@ -109,7 +109,7 @@ async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], w
             stubs[path] = gateway_pb2_grpc.AgentGatewayStub(gw_channel)
             await stubs[path].IngestDocuments(pb.IngestDocumentsRequest(collection="docs", documents=_documents()),
                                               timeout=300)
-        inf_channel = await stack.enter_async_context(channel(ports["inference"], "gateway"))
+        inf_channel = await stack.enter_async_context(channel(ports["inference"], "operator/admin"))
         await wait_ready(inf_channel, timeout_s=30, target="inference")
         gateway = stubs["gateway"]
         inference = inference_pb2_grpc.InferenceStub(inf_channel)

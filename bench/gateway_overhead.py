@@ -66,8 +66,8 @@ def envoy_config(tls: Path, port: int, retrieval_port: int, inference_port: int)
                 "sni": "localhost",
                 "common_tls_context": {
                     "alpn_protocols": ["h2"],
-                    "tls_certificates": [{"certificate_chain": {"filename": str(tls / "client-gateway.pem")},
-                                          "private_key": {"filename": str(tls / "client-gateway-key.pem")}}],
+                    "tls_certificates": [{"certificate_chain": {"filename": str(tls / "service/gateway/cert.pem")},
+                                          "private_key": {"filename": str(tls / "service/gateway/key.pem")}}],
                     "validation_context": {"trusted_ca": {"filename": str(tls / "ca.pem")}}}}},
         }
 
@@ -91,8 +91,8 @@ def envoy_config(tls: Path, port: int, retrieval_port: int, inference_port: int)
                         "require_client_certificate": True,
                         "common_tls_context": {
                             "alpn_protocols": ["h2"],
-                            "tls_certificates": [{"certificate_chain": {"filename": str(tls / "server.pem")},
-                                                  "private_key": {"filename": str(tls / "server-key.pem")}}],
+                            "tls_certificates": [{"certificate_chain": {"filename": str(tls / "service/gateway/cert.pem")},
+                                                  "private_key": {"filename": str(tls / "service/gateway/key.pem")}}],
                             "validation_context": {"trusted_ca": {"filename": str(tls / "ca.pem")}}}}},
                 }],
             }],
@@ -130,7 +130,7 @@ async def run_level(calls, concurrency: int, total: int) -> tuple[list[float], f
 
 async def measure(tls: Path, ports: dict[str, int], requests: int, stream_requests: int, connections: int) -> list[dict]:
     def channel(port: int, identity: str):
-        return open_channel(ChannelSpec(target=f"127.0.0.1:{port}", tls=ClientTls.from_dir(tls, identity)))
+        return open_channel(ChannelSpec(target=f"127.0.0.1:{port}", tls=ClientTls.for_identity(tls, identity)))
 
     vector = retrieval_pb2.Vector(values=[0.05] * DIM)
     physical = physical_collection("dev", COLLECTION)
@@ -146,19 +146,19 @@ async def measure(tls: Path, ports: dict[str, int], requests: int, stream_reques
     channels = []
 
     def direct():
-        r, i = channel(ports["retrieval"], "gateway"), channel(ports["inference"], "gateway")
+        r, i = channel(ports["retrieval"], "operator/admin"), channel(ports["inference"], "operator/admin")
         channels.extend((r, i))
         rs, is_ = retrieval_pb2_grpc.RetrievalStub(r), inference_pb2_grpc.InferenceStub(i)
         return (lambda: rs.Search(search, timeout=30), lambda: drain(is_.Generate(generate, timeout=60)))
 
     def envoy():
-        ch = channel(ports["envoy"], "gateway")
+        ch = channel(ports["envoy"], "operator/admin")
         channels.append(ch)
         rs, is_ = retrieval_pb2_grpc.RetrievalStub(ch), inference_pb2_grpc.InferenceStub(ch)
         return (lambda: rs.Search(search, timeout=30), lambda: drain(is_.Generate(generate, timeout=60)))
 
     def ours():
-        ch = channel(ports["gateway"], "dev")
+        ch = channel(ports["gateway"], "tenant/dev")
         channels.append(ch)
         stub = gateway_pb2_grpc.AgentGatewayStub(ch)
         return (lambda: stub.Retrieve(retrieve, timeout=30),
@@ -190,7 +190,7 @@ async def seed(gateway_port: int, tls: Path) -> None:
                  for i in range(200)]
     deadline = time.monotonic() + 60
     while True:
-        async with open_channel(ChannelSpec(target=f"127.0.0.1:{gateway_port}", tls=ClientTls.from_dir(tls, "dev"))) as ch:
+        async with open_channel(ChannelSpec(target=f"127.0.0.1:{gateway_port}", tls=ClientTls.for_identity(tls, "tenant/dev"))) as ch:
             try:
                 await gateway_pb2_grpc.AgentGatewayStub(ch).IngestDocuments(
                     gateway_pb2.IngestDocumentsRequest(collection=COLLECTION, documents=documents), timeout=60)

@@ -69,7 +69,7 @@ def dev_pki(root: Path, tenants: tuple[str, ...] = ("dev",)) -> Path:
     """A dev CA, server certificate and a client certificate per tenant under ``root/tls``."""
     from servicekit.pki import ensure_dev_pki
 
-    return ensure_dev_pki(root / "tls", tenants=tenants).layout.root
+    return ensure_dev_pki(root / "tls", tenants=tenants).root
 
 
 def _service_process(module: str, prefix: str, root: Path, tls_dir: Path, name: str, env: dict):

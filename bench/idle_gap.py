@@ -46,7 +46,7 @@ def _cpu_and_wait_ms(pids: list[int]) -> tuple[float, float]:
 
 
 async def run(ports: dict[str, int], tls: Path, pids: list[int], turns: int, gaps: list[float]) -> dict[float, list[dict]]:
-    spec = ChannelSpec(target=f"127.0.0.1:{ports['gateway']}", tls=ClientTls.from_dir(tls, "dev"))
+    spec = ChannelSpec(target=f"127.0.0.1:{ports['gateway']}", tls=ClientTls.for_identity(tls, "tenant/dev"))
     async with open_channel(spec) as channel:
         await wait_ready(channel, timeout_s=30, target="gateway")
         stub = gateway_pb2_grpc.AgentGatewayStub(channel)

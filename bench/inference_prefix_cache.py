@@ -59,7 +59,7 @@ def prompt_for(mode: str, base: str) -> str:
 
 
 async def measure(port: int, tls_dir: Path, n: int, warmup: int, base: str) -> dict[str, list[dict]]:
-    spec = ChannelSpec(target=f"127.0.0.1:{port}", tls=ClientTls.from_dir(tls_dir, "gateway"))
+    spec = ChannelSpec(target=f"127.0.0.1:{port}", tls=ClientTls.for_identity(tls_dir, "operator/admin"))
     async with open_channel(spec) as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
         for _ in range(warmup):

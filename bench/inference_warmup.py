@@ -30,7 +30,7 @@ PROMPT = [
 
 
 async def first_requests(port: int, tls_dir: Path, count: int) -> list[float]:
-    spec = ChannelSpec(target=f"127.0.0.1:{port}", tls=ClientTls.from_dir(tls_dir, "gateway"))
+    spec = ChannelSpec(target=f"127.0.0.1:{port}", tls=ClientTls.for_identity(tls_dir, "operator/admin"))
     async with open_channel(spec) as channel:
         await wait_ready(channel, timeout_s=10, target="inference")  # the connection is not what we time
         stub = inference_pb2_grpc.InferenceStub(channel)

@@ -57,7 +57,7 @@ async def run(ports: dict[str, int], tls_dir: Path, levels: list[int], n: int) -
         stubs = {}
         for name, port in ports.items():
             channel = await stack.enter_async_context(open_channel(ChannelSpec(
-                target=f"127.0.0.1:{port}", tls=ClientTls.from_dir(tls_dir, "gateway"))))
+                target=f"127.0.0.1:{port}", tls=ClientTls.for_identity(tls_dir, "operator/admin"))))
             await wait_ready(channel, timeout_s=60, target=name)
             stub = stubs[name] = retrieval_pb2_grpc.RetrievalStub(channel)
             await stub.CreateCollection(pb.CreateCollectionRequest(collection=pb.Collection(name="docs")), timeout=10)

@@ -26,7 +26,7 @@ from servicekit import ChannelSpec, ClientTls, open_channel
 
 async def run(port: int, tls_dir: Path, count: int, queries: int) -> dict:
     vectors = clustered_vectors(count, 384)
-    spec = ChannelSpec(target=f"127.0.0.1:{port}", tls=ClientTls.from_dir(tls_dir, "gateway"))
+    spec = ChannelSpec(target=f"127.0.0.1:{port}", tls=ClientTls.for_identity(tls_dir, "operator/admin"))
     async with open_channel(spec) as channel:
         stub = retrieval_pb2_grpc.RetrievalStub(channel)
         await stub.CreateCollection(pb.CreateCollectionRequest(collection=pb.Collection(name="ef")), timeout=10)

@@ -56,7 +56,7 @@ async def timed_search(stub, request, n: int) -> tuple[list[float], int, int]:
 async def run(port: int, tls_dir: Path, docs: int, n: int) -> dict:
     rng = random.Random(0)
     vectors = clustered_vectors(docs, 384)
-    spec = ChannelSpec(target=f"127.0.0.1:{port}", tls=ClientTls.from_dir(tls_dir, "gateway"))
+    spec = ChannelSpec(target=f"127.0.0.1:{port}", tls=ClientTls.for_identity(tls_dir, "operator/admin"))
     async with open_channel(spec) as channel:
         stub = retrieval_pb2_grpc.RetrievalStub(channel)
         await stub.CreateCollection(pb.CreateCollectionRequest(

@@ -51,7 +51,7 @@ async def turn(stub, session: str, question: str) -> dict:
 
 
 async def run(ports: dict[str, int], tls: Path, turns: int) -> dict[str, list[dict]]:
-    channels = {mode: open_channel(ChannelSpec(target=f"127.0.0.1:{ports[mode]}", tls=ClientTls.from_dir(tls, "dev")))
+    channels = {mode: open_channel(ChannelSpec(target=f"127.0.0.1:{ports[mode]}", tls=ClientTls.for_identity(tls, "tenant/dev")))
                 for mode in MODES}
     try:
         stubs = {}

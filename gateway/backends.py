@@ -19,10 +19,9 @@ from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from agent.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from servicekit.channels import ChannelSpec
 from servicekit.errors import DeadlineExceeded, from_rpc_error
-from servicekit.pki import GATEWAY_IDENTITY
 from servicekit.tasks import cancel_and_wait
 from servicekit.telemetry import outgoing_metadata
-from servicekit.tls import ClientTls
+from servicekit.tls import CertificateFiles, ClientTls
 
 from gateway.admission import Admission
 from gateway.pool import ChannelPool
@@ -201,10 +200,27 @@ async def _watch_inference_load(backends: Backends, admission: Admission, bound:
         await asyncio.sleep(every_s)
 
 
+async def _follow_certificates(certificates: CertificateFiles, pools, server_name: str | None,
+                               every_s: float) -> None:
+    """Renewed gateway certificate files: new connections for every pool, the old ones drained."""
+    while True:
+        await asyncio.sleep(every_s)
+        material = await asyncio.to_thread(certificates.refresh)  # file reads stay off the event loop
+        if material is not None:
+            tls = ClientTls.from_material(material, server_name=server_name)
+            for pool in pools:
+                pool.reload_tls(tls)
+
+
 @asynccontextmanager
 async def open_backends(settings: GatewaySettings, admission: Admission) -> AsyncIterator[Backends]:
-    """Open and warm both pools (and the load watcher, if configured); close them in reverse."""
-    tls = ClientTls.from_dir(settings.tls_dir, GATEWAY_IDENTITY, server_name=settings.backend_server_name)
+    """Open and warm both pools (and the load and certificate watchers); close them in reverse.
+
+    The gateway presents its own service identity (``AGW_GATEWAY_IDENTITY``)
+    to the backends, from the same folder as the certificate it serves with.
+    """
+    certificates = CertificateFiles(settings.identity_files, check_every_s=0)
+    tls = ClientTls.from_material(certificates.current, server_name=settings.backend_server_name)
     async with AsyncExitStack() as stack:
         pools = []
         for name, target, service in (
@@ -212,12 +228,16 @@ async def open_backends(settings: GatewaySettings, admission: Admission) -> Asyn
             ("retrieval", settings.retrieval_target, RETRIEVAL_SERVICE),
         ):
             pool = ChannelPool(name, _spec(settings, target, service, tls), settings.channels_per_backend,
-                               health_service=service.full_name)
+                               health_service=service.full_name, drain_s=settings.default_deadline_s)
             await pool.start(connect_timeout_s=settings.connect_timeout_s, wait=settings.on_backend_down == "wait")
             stack.push_async_callback(pool.close)
             pools.append(pool)
             log.info("%s: %d channels, READY", pool.describe(), settings.channels_per_backend)
         backends = Backends(*pools, deadlines=Deadlines(settings.default_deadline_s, settings.deadline_margin_ms))
+        if settings.tls_reload_s > 0:
+            follower = asyncio.create_task(_follow_certificates(
+                certificates, pools, settings.backend_server_name, settings.tls_reload_s), name="gateway-certificates")
+            stack.push_async_callback(cancel_and_wait, follower)
         if settings.max_inference_waiting:
             watcher = asyncio.create_task(_watch_inference_load(
                 backends, admission, settings.max_inference_waiting, settings.load_poll_s))

@@ -11,11 +11,17 @@ DNS name), so balancing across replicas is gRPC's, not ours.
 The pool watches each channel's connectivity (connection attempts, and READY
 transitions, which for a secure channel are completed TLS handshakes) and the
 backend's health through ``grpc.health.v1`` Watch.
+
+Certificates rotate without a restart: :meth:`ChannelPool.reload_tls` opens M
+new channels with the renewed identity, moves new calls to them once they are
+ready, and closes the old ones after the calls still on them had
+``drain_s`` to finish.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,6 +32,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from servicekit.channels import ChannelNotReady, ChannelSpec, open_channel, wait_ready
 from servicekit.errors import Unavailable
 from servicekit.tasks import cancel_and_wait
+from servicekit.tls import ClientTls
 
 log = logging.getLogger(__name__)
 
@@ -60,13 +67,21 @@ class PooledChannel:
 class ChannelPool:
     """M channels to one backend, health-watched. Use ``async with`` or start()/close()."""
 
-    def __init__(self, name: str, spec: ChannelSpec, size: int, health_service: str = "") -> None:
+    def __init__(self, name: str, spec: ChannelSpec, size: int, health_service: str = "", *,
+                 drain_s: float = 30.0) -> None:
         self.name = name
         self.spec = spec
         self.health_service = health_service
+        self.drain_s = drain_s
         self.channels = [PooledChannel(i, open_channel(spec)) for i in range(size)]
         self.serving = False
+        #: Times the channels were replaced with a renewed certificate.
+        self.tls_reloads = 0
         self._tasks: list[asyncio.Task] = []
+        self._state_tasks: list[asyncio.Task] = []
+        self._health_task: asyncio.Task | None = None
+        self._retiring: list[PooledChannel] = []
+        self._connect_timeout_s = 10.0
 
     @property
     def target(self) -> str:
@@ -82,18 +97,49 @@ class ChannelPool:
         :class:`ChannelNotReady` naming it; with ``wait`` true the pool starts
         anyway and gRPC keeps reconnecting in the background.
         """
-        for pooled in self.channels:
-            self._tasks.append(asyncio.create_task(self._watch_state(pooled), name=f"{self.name}-state-{pooled.index}"))
+        self._connect_timeout_s = connect_timeout_s
+        self._watch_states()
         try:
-            await asyncio.gather(*(
-                wait_ready(p.channel, timeout_s=connect_timeout_s, target=self.describe()) for p in self.channels
-            ))
+            await self._wait_ready(self.channels, connect_timeout_s)
         except ChannelNotReady:
             if not wait:
                 await self.close()
                 raise
             log.warning("%s not ready; starting NOT_SERVING and retrying in the background", self.describe())
-        self._tasks.append(asyncio.create_task(self._watch_health(), name=f"{self.name}-health"))
+        self._health_task = asyncio.create_task(self._watch_health(), name=f"{self.name}-health")
+
+    def _watch_states(self) -> None:
+        self._state_tasks = [asyncio.create_task(self._watch_state(p), name=f"{self.name}-state-{p.index}")
+                             for p in self.channels]
+
+    async def _wait_ready(self, channels: list[PooledChannel], timeout_s: float) -> None:
+        await asyncio.gather(*(wait_ready(p.channel, timeout_s=timeout_s, target=self.describe()) for p in channels))
+
+    def reload_tls(self, tls: ClientTls) -> None:
+        """Move to a renewed client certificate: new connections now, the old ones drained (in the background)."""
+        self._tasks = [task for task in self._tasks if not task.done()]
+        self._tasks.append(asyncio.create_task(self._replace_channels(tls), name=f"{self.name}-tls-reload"))
+
+    async def _replace_channels(self, tls: ClientTls) -> None:
+        self.spec = dataclasses.replace(self.spec, tls=tls)
+        fresh = [PooledChannel(i, open_channel(self.spec)) for i in range(len(self.channels))]
+        try:
+            await self._wait_ready(fresh, self._connect_timeout_s)
+        except ChannelNotReady as exc:  # the backend is down: the old channels are no better
+            log.warning("%s: renewed certificate, new channels not ready yet (%s); switching anyway", self.describe(), exc)
+        old, self.channels = self.channels, fresh
+        await cancel_and_wait(*self._state_tasks)
+        self._watch_states()
+        if self._health_task is not None:  # follow health on a live channel, not one being retired
+            await cancel_and_wait(self._health_task)
+            self._health_task = asyncio.create_task(self._watch_health(), name=f"{self.name}-health")
+        self.tls_reloads += 1
+        log.info("%s: %d new channels with the renewed certificate; the old ones drain for up to %gs",
+                 self.describe(), len(fresh), self.drain_s)
+        # Calls still on the old channels get drain_s to finish; new calls already use the new ones.
+        self._retiring.extend(old)
+        await asyncio.gather(*(p.channel.close(self.drain_s) for p in old), return_exceptions=True)
+        self._retiring = [p for p in self._retiring if p not in old]
 
     async def _watch_state(self, pooled: PooledChannel) -> None:
         state = pooled.state
@@ -109,9 +155,9 @@ class ChannelPool:
 
     async def _watch_health(self) -> None:
         """Follow the backend's health; reconnect the watch when the stream breaks."""
-        stub = health_pb2_grpc.HealthStub(self.channels[0].channel)
         request = health_pb2.HealthCheckRequest(service=self.health_service)
         while True:
+            stub = health_pb2_grpc.HealthStub(self.channels[0].channel)
             try:
                 async for update in stub.Watch(request):
                     serving = update.status == health_pb2.HealthCheckResponse.SERVING
@@ -142,6 +188,8 @@ class ChannelPool:
             pooled.stats.in_flight -= 1
 
     async def close(self) -> None:
-        await cancel_and_wait(*self._tasks)
+        await cancel_and_wait(*self._tasks, *self._state_tasks, *([self._health_task] if self._health_task else []))
         self._tasks.clear()
-        await asyncio.gather(*(p.channel.close() for p in self.channels), return_exceptions=True)
+        self._state_tasks.clear()
+        self._health_task = None
+        await asyncio.gather(*(p.channel.close() for p in [*self.channels, *self._retiring]), return_exceptions=True)

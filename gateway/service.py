@@ -1,7 +1,9 @@
-"""The ``agent.gateway.v1.AgentGateway`` servicer (transport core) and the gateway app.
+"""The ``agent.gateway.v1.AgentGateway`` servicer and the gateway app.
 
 Passthroughs only convert, scope to the caller's tenant, and delegate; the
-session RPCs and Chat arrive with the agent-turn work.
+session RPCs go to the session store and Chat to :class:`gateway.chat.ChatTurns`.
+Authorization ran before any of this (``servicekit.authz``): tenants on every
+method, operators on GetStats alone.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from gateway.convert import message_to_proto, session_to_proto
 from gateway.database import embedded_postgres_url, open_database
 from gateway.sessions import Sessions
 from gateway.settings import GatewaySettings
-from gateway.tenancy import cache_salt_for, physical_collection, tenant_of
+from gateway.tenancy import DEV_IDENTITY, cache_salt_for, current_tenant, physical_collection
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("agent-gateway.gateway")
@@ -46,7 +48,7 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
         self.turns: ChatTurns | None = None
 
     def _tenant(self, context) -> str:
-        return tenant_of(context, insecure_dev=self.settings.insecure_dev)
+        return current_tenant()
 
     def _admit(self, slot: ExitStack) -> None:
         """Take an admission slot for the call's duration (held by ``slot``), or refuse now; traced."""
@@ -103,7 +105,7 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
         return pb.IngestDocumentsResponse(ingested=response.upserted, created_collection=created)
 
     async def GetStats(self, request, context):
-        self._tenant(context)
+        # Operators only (GatewayApp.method_policies): it names backends and processes.
         backends = [
             pb.BackendStats(
                 name=pool.name, target=pool.target, serving=pool.serving,
@@ -175,6 +177,10 @@ class GatewayApp:
 
     name = "gateway"
     services = (GATEWAY_SERVICE,)
+    #: GetStats shows backend addresses and processes: operators', not tenants'.
+    method_policies = {"GetStats": ("operator/*",)}
+    #: Every caller with AGW_INSECURE_DEV (plaintext, so no certificate to read).
+    plaintext_identity = DEV_IDENTITY
 
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings

@@ -16,6 +16,12 @@ class GatewaySettings(ServiceSettings):
     model_config = prefixed_config("gateway")
 
     port: Port = 50051
+    identity: str = Field(
+        "gateway", description="The service identity this process presents, to its clients and to the backends; "
+        "its files are in $AGW_TLS_DIR/service/<name>/.")
+    allowed_clients: str = Field(
+        "tenant/*", description="Identities allowed on the public API, comma-separated kind/name patterns. "
+        "GetStats answers operators (operator/*) only.")
     reuse_port: bool = Field(True, description="SO_REUSEPORT, so several worker processes share the port.")
     workers: int = Field(default_factory=lambda: os.cpu_count() or 1, gt=0, description="Processes on the port.")
     worker_index: int | None = Field(

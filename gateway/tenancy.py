@@ -1,7 +1,8 @@
 """Who is calling, and the names their resources have on the backends.
 
-The tenant is the common name of the client certificate (``agentgw certs``
-issues one per tenant); a client cannot choose it. A tenant's collection
+The tenant is the name in the caller's verified identity
+(``spiffe://<trust domain>/tenant/<name>``, which ``servicekit.authz`` checked
+before the handler ran); a client cannot choose it. A tenant's collection
 ``docs`` is ``t3-dev-docs`` on the retrieval service: the tenant's length
 prefixes it, so no two (tenant, collection) pairs map to one name, whatever
 characters either holds. With ``AGW_GATEWAY_PREFIX_CACHE=tenant`` (the
@@ -13,29 +14,24 @@ from __future__ import annotations
 
 import re
 
-from servicekit.errors import InvalidArgument, ServiceError
-
-import grpc
+from servicekit.authz import PermissionDenied, caller
+from servicekit.errors import InvalidArgument
+from servicekit.identity import DEFAULT_TENANT, Identity
 
 _COLLECTION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-DEV_TENANT = "dev"
+DEV_TENANT = DEFAULT_TENANT
+#: The caller of every plaintext call with AGW_INSECURE_DEV.
+DEV_IDENTITY = Identity.tenant(DEV_TENANT)
 #: The inference service takes salts of up to 256 characters; the tenant's part takes up to 68.
 MAX_REQUESTED_SALT_CHARS = 128
 
 
-class Unauthenticated(ServiceError):
-    code = grpc.StatusCode.UNAUTHENTICATED
-
-
-def tenant_of(context, *, insecure_dev: bool) -> str:
-    """The caller's tenant, from its verified client certificate."""
-    auth = context.auth_context()
-    names = auth.get("x509_common_name") or []
-    if names:
-        return names[0].decode()
-    if insecure_dev:
-        return DEV_TENANT
-    raise Unauthenticated("no client certificate; connect with the certificate `agentgw certs` issued for your tenant")
+def current_tenant() -> str:
+    """The calling tenant's name (authorization admitted only tenants to the methods that ask)."""
+    identity = caller().identity
+    if identity.kind != "tenant":
+        raise PermissionDenied(f"{identity} is not a tenant; this method serves tenants only")
+    return identity.name
 
 
 def physical_collection(tenant: str, collection: str, field: str = "collection") -> str:

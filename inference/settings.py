@@ -15,6 +15,7 @@ class InferenceSettings(ServiceSettings):
     model_config = prefixed_config("inference")
 
     port: Port = 50053
+    identity: str = Field("inference", description="The service identity this process presents; its files are in $AGW_TLS_DIR/service/<name>/.")
     model: str | None = deployment_field(
         None, "model", description="Hugging Face id or local path; unset means the offline smoke model."
     )

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from agent.retrieval.v1 import retrieval_pb2 as pb
 from agent.retrieval.v1 import retrieval_pb2_grpc
-from servicekit import ChannelSpec, ClientTls, open_channel, wait_ready
-from servicekit.pki import GATEWAY_IDENTITY
+from servicekit import ChannelSpec, ClientTls, ServiceSettings, open_channel, wait_ready
+from servicekit.identity import Identity
 
 from retrieval.convert import passage_to_proto
 from retrieval.ingest import Passage, files_to_passages, sample_corpus
@@ -24,7 +24,8 @@ BATCH = 128
 def add_arguments(ingest: argparse.ArgumentParser, tune: argparse.ArgumentParser) -> None:
     for parser in (ingest, tune):
         parser.add_argument("--target", default="127.0.0.1:50052", help="retrieval service address")
-        parser.add_argument("--identity", default=GATEWAY_IDENTITY, help="client certificate to present")
+        parser.add_argument("--identity", default=str(Identity.operator()),
+                            help="certificate to present, kind/name (default: the operator's)")
     ingest.add_argument("paths", nargs="*", type=Path, help="text or Markdown files or folders")
     ingest.add_argument("--sample", action="store_true", help="ingest the bundled sample corpus (Python's help topics)")
     ingest.add_argument("--collection", default="docs")
@@ -35,8 +36,9 @@ def add_arguments(ingest: argparse.ArgumentParser, tune: argparse.ArgumentParser
     tune.add_argument("--queries", type=Path, help="file with one query per line, instead of sampled documents")
 
 
-def _channel(args, tls_dir: Path):
-    spec = ChannelSpec(target=args.target, tls=ClientTls.from_dir(tls_dir, args.identity), services=[RETRIEVAL_SERVICE])
+def _channel(args, settings: ServiceSettings):
+    spec = ChannelSpec(target=args.target, tls=ClientTls.for_identity(settings.tls_dir, args.identity),
+                       services=[RETRIEVAL_SERVICE], keepalive=settings.keepalive)
     return open_channel(spec)
 
 
@@ -46,13 +48,13 @@ def _progress(done: int, total: int) -> None:
     print(f"\r  [{'#' * filled}{'.' * (width - filled)}] {done}/{total}", end="", file=sys.stderr, flush=True)
 
 
-async def ingest(args, tls_dir: Path) -> int:
+async def ingest(args, settings: ServiceSettings) -> int:
     passages: list[Passage] = sample_corpus() if args.sample else []
     passages += files_to_passages(args.paths)
     if not passages:
         print("agentgw ingest: nothing to ingest; name files or folders, or pass --sample", file=sys.stderr)
         return 2
-    async with _channel(args, tls_dir) as channel:
+    async with _channel(args, settings) as channel:
         await wait_ready(channel, timeout_s=10, target=args.target)
         stub = retrieval_pb2_grpc.RetrievalStub(channel)
         try:
@@ -69,9 +71,9 @@ async def ingest(args, tls_dir: Path) -> int:
     return 0
 
 
-async def tune_ef(args, tls_dir: Path) -> int:
+async def tune_ef(args, settings: ServiceSettings) -> int:
     queries = [q.strip() for q in args.queries.read_text().splitlines() if q.strip()] if args.queries else []
-    async with _channel(args, tls_dir) as channel:
+    async with _channel(args, settings) as channel:
         stub = retrieval_pb2_grpc.RetrievalStub(channel)
         report = await stub.TuneCollection(pb.TuneCollectionRequest(
             collection=args.collection, target_recall=args.target_recall, k=args.k,
@@ -84,5 +86,5 @@ async def tune_ef(args, tls_dir: Path) -> int:
     return 0 if report.target_met else 1
 
 
-def run(command: str, args, tls_dir: Path) -> int:
-    return asyncio.run(ingest(args, tls_dir) if command == "ingest" else tune_ef(args, tls_dir))
+def run(command: str, args, settings: ServiceSettings) -> int:
+    return asyncio.run(ingest(args, settings) if command == "ingest" else tune_ef(args, settings))

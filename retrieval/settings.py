@@ -15,6 +15,7 @@ class RetrievalSettings(ServiceSettings):
     model_config = prefixed_config("retrieval")
 
     port: Port = 50052
+    identity: str = Field("retrieval", description="The service identity this process presents; its files are in $AGW_TLS_DIR/service/<name>/.")
     qdrant_url: str | None = deployment_field(
         None, "qdrant_url", description="Qdrant server (gRPC preferred); unset means Qdrant Edge in-process."
     )

@@ -1,7 +1,7 @@
 """servicekit: what the three agent-gateway services are built from.
 
 Settings, the server bootstrap (health, reflection, mTLS, graceful drain), the
-outbound channel factory, the keepalive policy both ends share, the dev PKI
+outbound channel factory, the keepalive policy both ends share, identities
 and the domain errors that map to gRPC status codes. This module only
 re-exports; the code lives in the submodules.
 """
@@ -21,19 +21,22 @@ from servicekit.errors import (
     from_rpc_error,
 )
 from servicekit.keepalive import KeepalivePolicy
-from servicekit.pki import TlsLayout, ensure_dev_pki
+from servicekit.identity import Identity, IdentityFiles
 from servicekit.server import Health, RunningService, ServiceApp, main_for, run, running_service, serve_until_signalled
 from servicekit.settings import Port, ServiceSettings, SettingsError, deployment_field, load_settings, prefixed_config
-from servicekit.tls import ClientTls, ServerTls, TlsConfigError
+from servicekit.tls import CertificateFiles, ClientTls, ServerTls, TlsConfigError
 
 __all__ = [
     "AlreadyExists",
     "ChannelNotReady",
     "ChannelSpec",
+    "CertificateFiles",
     "ClientTls",
     "DeadlineExceeded",
     "FailedPrecondition",
     "Health",
+    "Identity",
+    "IdentityFiles",
     "Internal",
     "InvalidArgument",
     "KeepalivePolicy",
@@ -48,11 +51,9 @@ __all__ = [
     "ServiceSettings",
     "SettingsError",
     "TlsConfigError",
-    "TlsLayout",
     "Unavailable",
     "Unimplemented",
     "deployment_field",
-    "ensure_dev_pki",
     "from_rpc_error",
     "load_settings",
     "main_for",

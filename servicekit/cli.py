@@ -12,7 +12,8 @@ import os
 import sys
 from pathlib import Path
 
-from servicekit.pki import DEFAULT_TENANT, ensure_dev_pki
+from servicekit.identity import DEFAULT_OPERATOR, DEFAULT_TENANT
+from servicekit.pki import DEFAULT_LEAF_DAYS, ensure_dev_pki
 from servicekit.settings import ServiceSettings, SettingsError, load_settings
 
 #: ``agentgw serve NAME`` runs ``main()`` of these modules.
@@ -35,16 +36,22 @@ def _shared_settings() -> ServiceSettings:
 def _certs(args: argparse.Namespace) -> int:
     settings = _shared_settings()
     tls_dir = args.dir or settings.tls_dir
+    if args.force and args.renew:
+        print("agentgw certs: --force re-issues everything (a new CA); --renew keeps the CA. Pick one.", file=sys.stderr)
+        return 2
     try:
-        report = ensure_dev_pki(tls_dir, tenants=args.tenant or [DEFAULT_TENANT], force=args.force)
+        report = ensure_dev_pki(tls_dir, tenants=args.tenant or [DEFAULT_TENANT],
+                                operators=args.operator or [DEFAULT_OPERATOR], trust_domain=settings.trust_domain,
+                                force=args.force, renew=args.renew, leaf_days=args.leaf_days)
     except ValueError as exc:
         print(f"agentgw certs: {exc}", file=sys.stderr)
         return 2
     for path in report.created:
-        print(f"created {path}")
+        print(f"{'renewed' if args.renew else 'created'} {path}")
     for path in report.reused:
         print(f"kept    {path}")
-    print(f"TLS folder: {report.layout.root} (keys are 0600; pass --force to re-issue everything)")
+    print(f"TLS folder: {report.root} (trust domain {settings.trust_domain}; one folder per identity, keys 0600; "
+          "--renew re-issues the leaves, --force everything)")
     return 0
 
 
@@ -81,7 +88,7 @@ def _retrieval_client(args: argparse.Namespace) -> int:
 
     settings = _shared_settings()
     try:
-        return retrieval_cli.run(args.command, args, settings.tls_dir)
+        return retrieval_cli.run(args.command, args, settings)
     except grpc.RpcError as exc:
         print(f"agentgw {args.command}: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 1
@@ -130,7 +137,8 @@ def _doctor(args: argparse.Namespace) -> int:
     from servicekit.doctor import Doctor, report
 
     try:
-        connection = Connection.for_client(_shared_settings().home, args.target, args.tls_dir, args.identity)
+        connection = Connection.for_client(_shared_settings().home, args.target, args.tls_dir, args.identity,
+                                           args.operator)
     except NoConnection as exc:
         print(f"agentgw doctor: {exc}", file=sys.stderr)
         return 2
@@ -143,11 +151,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentgw", description="agent-gateway: a low-latency gRPC gateway for agents")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    certs = commands.add_parser("certs", help="create the dev CA, server and client certificates")
+    certs = commands.add_parser("certs", help="create the dev CA and a certificate for each service, operator and tenant")
     certs.add_argument("--dir", type=Path, help="TLS folder (default: $AGW_TLS_DIR or $AGW_HOME/tls)")
     certs.add_argument(
         "--tenant", action="append", help=f"issue a client certificate for this tenant (repeatable; default {DEFAULT_TENANT})"
     )
+    certs.add_argument("--operator", action="append",
+                       help=f"issue an operator certificate of this name (repeatable; default {DEFAULT_OPERATOR})")
+    certs.add_argument("--renew", action="store_true",
+                       help="re-issue every leaf under the same CA (running services take them without a restart)")
+    certs.add_argument("--leaf-days", type=int, default=DEFAULT_LEAF_DAYS,
+                       help=f"validity of issued leaf certificates, in days (default {DEFAULT_LEAF_DAYS})")
     certs.add_argument("--force", action="store_true", help="re-issue everything, the CA included")
     certs.set_defaults(func=_certs)
 
@@ -181,7 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = commands.add_parser("doctor", help="check a running stack against each latency root cause (exit 0/1/2)")
     doctor.add_argument("--target", help="gateway address (default: from $AGW_HOME/connection.json)")
     doctor.add_argument("--tls-dir", type=Path, help="TLS folder, with --target")
-    doctor.add_argument("--identity", default=DEFAULT_TENANT, help="client certificate (tenant), with --target")
+    doctor.add_argument("--identity", default=DEFAULT_TENANT, help="tenant whose certificate calls the gateway")
+    doctor.add_argument("--operator", default=DEFAULT_OPERATOR,
+                        help="operator whose certificate calls the backends and GetStats")
     doctor.add_argument("--collection", action="append", help="collection to check (repeatable; default docs)")
     doctor.set_defaults(func=_doctor)
 

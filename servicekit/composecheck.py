@@ -8,14 +8,17 @@ exits 1 if there are any. What it holds the file to:
   service (so a renamed setting cannot leave a silently ignored variable);
 - each service listens on the port the file exposes, and every
   ``*_TARGET``/URL names a service of the file on the port it listens on;
-- all our services read certificates from one path, mounted from the volume
-  the certificate job writes.
+- all our services read certificates from one ``AGW_TLS_DIR``, and each mounts,
+  read-only, only its own identity's folder (``service/<name>``, as a
+  ``subpath`` of the volume the certificate job writes): never the whole
+  volume, which holds the CA's key, nor another identity's folder and key.
 """
 
 from __future__ import annotations
 
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -54,16 +57,30 @@ def _container_ports(spec: dict) -> set[int]:
     return ports
 
 
-def _mounts(spec: dict) -> dict[str, str]:
-    """Container path -> volume (or host path)."""
-    mounts = {}
+@dataclass(frozen=True)
+class Mount:
+    source: str
+    target: str
+    subpath: str = ""
+    read_only: bool = False
+
+
+def _mount_list(spec: dict) -> list[Mount]:
+    mounts = []
     for volume in spec.get("volumes", []):
         if isinstance(volume, dict):
-            mounts[volume["target"]] = volume.get("source", "")
+            mounts.append(Mount(str(volume.get("source", "")), str(volume["target"]),
+                                str((volume.get("volume") or {}).get("subpath", "")).strip("/"),
+                                bool(volume.get("read_only", False))))
         else:
-            source, target = str(volume).split(":")[:2]
-            mounts[target] = source
+            parts = str(volume).split(":")
+            mounts.append(Mount(parts[0], parts[1], "", len(parts) > 2 and "ro" in parts[2].split(",")))
     return mounts
+
+
+def _mounts(spec: dict) -> dict[str, str]:
+    """Container path -> volume (or host path)."""
+    return {mount.target: mount.source for mount in _mount_list(spec)}
 
 
 def _served(spec: dict) -> str | None:
@@ -171,10 +188,35 @@ def _check_certificates(services: dict, served: dict) -> list[str]:
         for name, tls_dir in paths.items():
             if tls_dir != path:
                 problems.append(f"{name}: AGW_TLS_DIR={tls_dir} but {writer} writes certificates to {path}")
-            elif _mounts(ours[name]).get(tls_dir) != volume:
-                problems.append(f"{name}: {tls_dir} is not mounted from volume {volume!r}, where {writer} writes")
+            else:
+                identity = _environment(ours[name]).get(f"AGW_{served[name].upper()}_IDENTITY", served[name])
+                problems += _check_identity_mount(name, ours[name], volume, tls_dir, f"service/{identity}")
             if writer not in (ours[name].get("depends_on") or {}):
                 problems.append(f"{name}: does not wait for {writer} (depends_on)")
+    return problems
+
+
+def _check_identity_mount(name: str, spec: dict, volume: str | None, tls_dir: str, own: str) -> list[str]:
+    """A service sees its own identity folder, read-only, and no other key: not the CA's, not another's."""
+    problems = []
+    mounts = [mount for mount in _mount_list(spec) if mount.source == volume]
+    for mount in mounts:
+        if not mount.subpath:
+            problems.append(f"{name}: mounts the whole certificate volume {volume!r} at {mount.target}, with the CA "
+                            f"key (ca-key.pem) and every identity's key; mount only subpath {own}")
+        elif mount.subpath != own:
+            what = "the CA key" if "ca-key" in mount.subpath else f"another identity's folder ({mount.subpath})"
+            problems.append(f"{name}: mounts {what} from volume {volume!r}; a service gets only {own}")
+        elif mount.target.rstrip("/") != f"{tls_dir.rstrip('/')}/{own}":
+            problems.append(f"{name}: its identity folder is mounted at {mount.target}, but it reads "
+                            f"{tls_dir.rstrip('/')}/{own} (AGW_TLS_DIR)")
+        elif not mount.read_only:
+            problems.append(f"{name}: its identity folder is mounted read-write; mount it read_only")
+    for mount in _mount_list(spec):  # host files: a key by its name
+        if mount.source != volume and ("ca-key" in mount.source or "ca-key" in mount.subpath):
+            problems.append(f"{name}: mounts the CA key ({mount.source}); only the certificate job may see it")
+    if not any(mount.subpath == own for mount in mounts):
+        problems.append(f"{name}: does not mount its identity folder {own} from volume {volume!r}")
     return problems
 
 

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from servicekit.channels import ChannelSpec, open_channel
-from servicekit.pki import DEFAULT_TENANT, GATEWAY_IDENTITY
+from servicekit.identity import DEFAULT_OPERATOR, DEFAULT_TENANT, Identity
 from servicekit.tls import ClientTls
 
 FILE_NAME = "connection.json"
@@ -36,7 +36,10 @@ class Connection:
     tls_dir: str
     retrieval: str = ""
     inference: str = ""
+    #: The tenant whose certificate talks to the gateway's public API.
     identity: str = DEFAULT_TENANT
+    #: The operator whose certificate talks to the backends and the gateway's GetStats.
+    operator: str = DEFAULT_OPERATOR
     metrics: MetricsPorts = field(default_factory=MetricsPorts)
     trace_file: str = ""
     pids: dict[str, int] = field(default_factory=dict)
@@ -61,24 +64,29 @@ class Connection:
         return cls(**data)
 
     @classmethod
-    def for_client(cls, home: Path, target: str | None, tls_dir: Path | None, identity: str) -> Connection:
+    def for_client(cls, home: Path, target: str | None, tls_dir: Path | None, identity: str,
+                   operator: str = DEFAULT_OPERATOR) -> Connection:
         """An explicit ``--target``/``--tls-dir``, else the connection file under ``home``."""
         if not target:
             return cls.read(home)
         if not tls_dir:
-            raise NoConnection("--target needs --tls-dir (the folder with ca.pem and the client certificate)")
-        return cls(gateway=target, tls_dir=str(tls_dir), identity=identity)
+            raise NoConnection("--target needs --tls-dir (the folder of agentgw certs: tenant/<name>/, operator/<name>/)")
+        return cls(gateway=target, tls_dir=str(tls_dir), identity=identity, operator=operator)
 
-    def _channel(self, target: str, identity: str):
-        return open_channel(ChannelSpec(target=target, tls=ClientTls.from_dir(Path(self.tls_dir), identity)))
+    def _channel(self, target: str, identity: Identity):
+        return open_channel(ChannelSpec(target=target, tls=ClientTls.for_identity(Path(self.tls_dir), identity)))
 
     def gateway_channel(self):
         """A channel to the gateway as this machine's tenant."""
-        return self._channel(self.gateway, self.identity)
+        return self._channel(self.gateway, Identity.tenant(self.identity))
+
+    def gateway_operator_channel(self):
+        """A channel to the gateway as the operator (for GetStats, which serves operators only)."""
+        return self._channel(self.gateway, Identity.operator(self.operator))
 
     def backend_channel(self, name: str):
-        """A channel to the retrieval or inference service, as the gateway identifies itself."""
+        """A channel to the retrieval or inference service, as the operator (never as the gateway)."""
         target = {"retrieval": self.retrieval, "inference": self.inference}[name]
         if not target:
             raise NoConnection(f"the {name} service's address is unknown (connection made with --target)")
-        return self._channel(target, GATEWAY_IDENTITY)
+        return self._channel(target, Identity.operator(self.operator))

@@ -11,6 +11,7 @@ blocking I/O on the event loop and oversized vector-search payloads.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import socket
 import ssl
 import time
@@ -21,12 +22,13 @@ from enum import IntEnum
 from pathlib import Path
 
 import grpc
+from cryptography import x509
 
 from agent.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from agent.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from servicekit.connection import Connection
-from servicekit.pki import TlsLayout
+from servicekit.identity import Identity, IdentityFiles
 from servicekit.procfs import cpu_scheduling_group, descendants
 
 #: An agent turn's typical length (prompt with history and context, plus the answer).
@@ -34,6 +36,8 @@ TYPICAL_SEQ_TOKENS = 2048
 #: Bytes per search result above which payloads are not trimmed (a text chunk plus a source is ~1 KB).
 PAYLOAD_WARN_BYTES = 2048
 PAYLOAD_FAIL_BYTES = 8192
+#: A certificate in use that expires sooner than this is a WARN (an expired one a FAIL).
+CERT_WARN_DAYS = 7
 #: A shared prefix long enough to fill several KV blocks.
 PREFIX = "The doctor asks about a shared prefix so the second request can reuse its KV cache. " * 12
 
@@ -123,7 +127,8 @@ class Doctor:
                 async for _message in stub.Generate(gateway_pb2.GenerateRequest(request=inference_pb2.GenerateRequest(
                         prompt="ping", sampling=inference_pb2.SamplingParams(max_tokens=1))), timeout=30):
                     pass
-            stats = await stub.GetStats(gateway_pb2.GetStatsRequest(), timeout=10)
+        async with self.connection.gateway_operator_channel() as channel:  # GetStats serves operators only
+            stats = await gateway_pb2_grpc.AgentGatewayStub(channel).GetStats(gateway_pb2.GetStatsRequest(), timeout=10)
         checks = []
         for backend in stats.backends:
             calls = sum(c.calls for c in backend.channels)
@@ -177,20 +182,40 @@ class Doctor:
 
     # -- TLS -----------------------------------------------------------------------
 
-    def tls_checks(self) -> list[Check]:
-        layout = TlsLayout(Path(self.connection.tls_dir))
+    def _hops(self) -> list[tuple[str, str, Identity]]:
+        """Each TLS endpoint, with the identity the doctor presents to it (a tenant to the gateway, else the operator)."""
+        operator = Identity.operator(self.connection.operator)
+        return [("client -> gateway", self.connection.gateway, Identity.tenant(self.connection.identity)),
+                ("gateway -> retrieval", self.connection.retrieval, operator),
+                ("gateway -> inference", self.connection.inference, operator)]
+
+    def certificate_checks(self) -> list[Check]:
+        """Every certificate in use: each service's (as it presents it now) and the doctor's own."""
+        tls_dir = Path(self.connection.tls_dir)
         checks = []
-        for hop, address, identity in (("client -> gateway", self.connection.gateway, self.connection.identity),
-                                       ("gateway -> retrieval", self.connection.retrieval, "gateway"),
-                                       ("gateway -> inference", self.connection.inference, "gateway")):
+        for hop, address, identity in self._hops():
+            if address:
+                checks.append(served_certificate_check(hop.split(" -> ")[1], address, IdentityFiles.of(tls_dir, identity)))
+        for identity in {identity for _, _, identity in self._hops()}:
+            path = IdentityFiles.of(tls_dir, identity).cert
+            try:
+                cert = x509.load_pem_x509_certificate(path.read_bytes())
+            except (OSError, ValueError) as exc:
+                checks.append(Check(f"certificate valid ({identity})", Status.FAIL, f"cannot read {path}: {exc}",
+                                    "issue it with agentgw certs"))
+                continue
+            checks.append(expiry_check(f"certificate valid ({identity})", cert))
+        return checks
+
+    def tls_checks(self) -> list[Check]:
+        tls_dir = Path(self.connection.tls_dir)
+        checks = []
+        for hop, address, identity in self._hops():
             if not address:
                 checks.append(Check(f"TLS 1.3 ({hop})", Status.WARN, "address unknown", "run against agentgw up's "
                                     "connection file to check the backend hops"))
                 continue
-            context = ssl.create_default_context(cafile=str(layout.ca_cert))
-            context.load_cert_chain(str(layout.client_cert(identity)), str(layout.client_key(identity)))
-            context.set_alpn_protocols(["h2"])
-            context.check_hostname = False  # the dev certificates name "localhost"; the CA is what is checked
+            context = _client_context(IdentityFiles.of(tls_dir, identity), verify=True)
             host, port = address.rsplit(":", 1)
             try:
                 with socket.create_connection((host, int(port)), timeout=5) as raw:
@@ -296,9 +321,48 @@ class Doctor:
                 detail = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
                 checks.append(Check(f"{name} reachable", Status.FAIL, detail, f"is the {name} service running?"))
         checks += await asyncio.to_thread(self.tls_checks)
+        checks += await asyncio.to_thread(self.certificate_checks)
         checks += await asyncio.to_thread(self.loop_checks_from_metrics)
         checks.append(await asyncio.to_thread(self.scheduling_check))
         return checks
+
+
+def _client_context(files: IdentityFiles, *, verify: bool) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(files.ca))
+    context.load_cert_chain(str(files.cert), str(files.key))
+    context.set_alpn_protocols(["h2"])
+    context.check_hostname = False  # the dev certificates name "localhost"; the CA is what is checked
+    if not verify:  # to read a certificate that would fail verification (expired), not to trust it
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def expiry_check(name: str, cert: x509.Certificate, now: dt.datetime | None = None) -> Check:
+    """FAIL for an expired certificate, WARN within CERT_WARN_DAYS of its end, else PASS."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    left = cert.not_valid_after_utc - now
+    serial = format(cert.serial_number, "x")
+    when = f"expires {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC (serial {serial})"
+    fix = ("renew it: agentgw certs --renew (services and pools take renewed files without a restart; "
+           "docs/architecture.md, Security model)")
+    if left <= dt.timedelta(0):
+        return Check(name, Status.FAIL, f"EXPIRED: {when}", fix)
+    if left < dt.timedelta(days=CERT_WARN_DAYS):
+        return Check(name, Status.WARN, f"{when}, in {left.total_seconds() / 86400:.1f} days", fix)
+    return Check(name, Status.PASS, f"{when}, in {left.days} days")
+
+
+def served_certificate_check(service: str, address: str, client: IdentityFiles) -> Check:
+    """The certificate ``service`` presents on a new connection now (read without verifying it), checked for expiry."""
+    name = f"certificate valid ({service}, served)"
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=5) as raw:
+            with _client_context(client, verify=False).wrap_socket(raw, server_hostname=host) as tls:
+                der = tls.getpeercert(binary_form=True)
+    except (OSError, ssl.SSLError) as exc:
+        return Check(name, Status.FAIL, f"handshake failed: {exc}", "check the certificates (agentgw certs)")
+    return expiry_check(name, x509.load_der_x509_certificate(der))
 
 
 def report(checks: list[Check]) -> tuple[str, Status]:

@@ -1,8 +1,11 @@
-"""The edge of every RPC: its server span, readiness gate and error mapping, in one interceptor.
+"""The edge of every RPC: its server span, authorization, readiness gate and error mapping, in one interceptor.
 
-Handlers raise :class:`~servicekit.errors.ServiceError`; this is the one place
-that turns it into a gRPC status with details. A cancelled call's
-``CancelledError`` is never caught here: it must reach gRPC untouched.
+Authorization (:class:`~servicekit.authz.Authorizer`) runs here, once per
+call, before the handler: so it holds for every method of every service,
+whatever the handler does with its messages. Handlers raise
+:class:`~servicekit.errors.ServiceError`; this is the one place that turns it
+into a gRPC status with details. A cancelled call's ``CancelledError`` is
+never caught here: it must reach gRPC untouched.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
+from servicekit.authz import Authorizer
 from servicekit.errors import Internal, ServiceError, Unavailable, Unimplemented, trailing_metadata
 from servicekit.metrics import meter
 from servicekit.telemetry import TRACE_ID_KEY, extract_context, trace_id_hex
@@ -31,11 +35,14 @@ _CALL_DURATION = _METER.create_histogram(
 _CALL_ERRORS = _METER.create_counter(
     "agw.rpc.errors", description="RPCs that ended in an error, by method and status code.")
 
+HEALTH_SERVICE = "grpc.health.v1.Health"
 #: Services answered even before the app is ready: probes must see NOT_SERVING,
-#: not UNAVAILABLE, and tools must be able to list services.
+#: not UNAVAILABLE, and tools must be able to list services. Health answers
+#: any verified certificate; reflection, like every other service, only the
+#: identities the service's policy allows.
 ALWAYS_OPEN = frozenset(
     {
-        "grpc.health.v1.Health",
+        HEALTH_SERVICE,
         "grpc.reflection.v1alpha.ServerReflection",
         "grpc.reflection.v1.ServerReflection",
     }
@@ -113,10 +120,17 @@ def _unexpected(method: str, exc: Exception) -> ServiceError:
     return Internal(f"internal error in {method} ({type(exc).__name__}); the server log has the traceback")
 
 
-def _wrap_unary(behavior: Callable[..., Awaitable], method: str, readiness: Readiness):
+def _admit(authorizer: Authorizer, context, method: str, span: _ServerSpan) -> None:
+    # The caller stays bound for the rest of the call's task (gRPC runs each
+    # call in a task of its own, so nothing leaks to another call).
+    authorizer.bind(authorizer.authorize(context, method, span.span))
+
+
+def _wrap_unary(behavior: Callable[..., Awaitable], method: str, readiness: Readiness, authorizer: Authorizer):
     async def handler(request, context):
         span = _ServerSpan(method, context)
         try:
+            _admit(authorizer, context, method, span)
             readiness.check()
             return await behavior(request, context)
         except ServiceError as error:
@@ -134,10 +148,11 @@ def _wrap_unary(behavior: Callable[..., Awaitable], method: str, readiness: Read
     return handler
 
 
-def _wrap_streaming(behavior: Callable, method: str, readiness: Readiness):
+def _wrap_streaming(behavior: Callable, method: str, readiness: Readiness, authorizer: Authorizer):
     async def handler(request, context):
         span = _ServerSpan(method, context)
         try:
+            _admit(authorizer, context, method, span)
             readiness.check()
             result = behavior(request, context)
             if inspect.isasyncgen(result):
@@ -163,14 +178,30 @@ def _wrap_streaming(behavior: Callable, method: str, readiness: Readiness):
     return handler
 
 
-class EdgeInterceptor(grpc.aio.ServerInterceptor):
-    """Traces each call, rejects calls until ready, and maps domain errors to statuses.
+def _authorized_only(behavior: Callable, method: str, authorizer: Authorizer):
+    """Reflection: authorized like the service's own methods, but neither traced nor gated on readiness."""
 
-    Health and reflection pass untouched: probes are not traced.
+    async def handler(request_iterator, context):
+        try:
+            authorizer.authorize(context, method)
+        except ServiceError as error:
+            await context.abort(error.code, error.message)
+        async for message in behavior(request_iterator, context):
+            yield message
+
+    return handler
+
+
+class EdgeInterceptor(grpc.aio.ServerInterceptor):
+    """Authorizes and traces each call, rejects calls until ready, and maps domain errors to statuses.
+
+    Health passes untouched (any verified certificate may probe, untraced);
+    reflection is authorized but not traced.
     """
 
-    def __init__(self, readiness: Readiness, always_open: Collection[str] = ALWAYS_OPEN) -> None:
+    def __init__(self, readiness: Readiness, authorizer: Authorizer, always_open: Collection[str] = ALWAYS_OPEN) -> None:
         self._readiness = readiness
+        self._authorizer = authorizer
         self._always_open = always_open
 
     async def intercept_service(self, continuation, handler_call_details):
@@ -179,13 +210,18 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):
             return None
         method = handler_call_details.method
         service = method.rsplit("/", 2)[-2] if method.count("/") >= 2 else ""
+        authorizer = self._authorizer
+        if service == HEALTH_SERVICE:
+            return handler
         if service in self._always_open:
-            return handler  # grpc's own servicers: nothing of ours to map
+            if handler.stream_stream is None:
+                return handler
+            return handler._replace(stream_stream=_authorized_only(handler.stream_stream, method, authorizer))
         gate = self._readiness
         if handler.unary_unary is not None:
-            return handler._replace(unary_unary=_wrap_unary(handler.unary_unary, method, gate))
+            return handler._replace(unary_unary=_wrap_unary(handler.unary_unary, method, gate, authorizer))
         if handler.stream_unary is not None:
-            return handler._replace(stream_unary=_wrap_unary(handler.stream_unary, method, gate))
+            return handler._replace(stream_unary=_wrap_unary(handler.stream_unary, method, gate, authorizer))
         if handler.unary_stream is not None:
-            return handler._replace(unary_stream=_wrap_streaming(handler.unary_stream, method, gate))
-        return handler._replace(stream_stream=_wrap_streaming(handler.stream_stream, method, gate))
+            return handler._replace(unary_stream=_wrap_streaming(handler.unary_stream, method, gate, authorizer))
+        return handler._replace(stream_stream=_wrap_streaming(handler.stream_stream, method, gate, authorizer))

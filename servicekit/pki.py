@@ -1,9 +1,16 @@
-"""A development PKI: one CA, server certificates and tenant client certificates.
+"""A development PKI: one CA, and a certificate and key for every identity.
 
-``agentgw certs`` calls :func:`ensure_dev_pki`. Client certificates carry the
-tenant as their subject's common name; the gateway reads it from the TLS peer
-(``x509_common_name`` in the gRPC auth context). Keys are EC P-256: as strong as
-RSA-3072 for this use, and their handshakes are cheaper.
+``agentgw certs`` calls :func:`ensure_dev_pki`. Each certificate carries its
+identity as a SPIFFE-style URI SAN (``spiffe://<trust domain>/<kind>/<name>``,
+see :mod:`servicekit.identity`), which is what every service reads; the
+subject's common name repeats the name for people and for the CN
+compatibility mode. Each identity gets a folder of its own with its
+certificate, its key and the CA certificate, so a service can be given its own
+folder and nothing else. Keys are EC P-256: as strong as RSA-3072 for this
+use, and their handshakes are cheaper.
+
+Files are replaced atomically (written aside, then renamed), so a service that
+reloads certificates while they are renewed never reads half a file.
 """
 
 from __future__ import annotations
@@ -11,7 +18,6 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import os
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,42 +27,52 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-#: Names a server certificate answers to: loopback, and the compose services.
-DEFAULT_SERVER_NAMES = ("localhost", "127.0.0.1", "::1", "gateway", "retrieval", "inference")
-#: The identity our gateway presents to the backends.
-GATEWAY_IDENTITY = "gateway"
-#: The tenant a fresh install issues a certificate for.
-DEFAULT_TENANT = "dev"
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+from servicekit.identity import (
+    DEFAULT_OPERATOR,
+    DEFAULT_TENANT,
+    DEFAULT_TRUST_DOMAIN,
+    SERVICE_NAMES,
+    Identity,
+    IdentityFiles,
+    validate_name,
+)
+
+__all__ = [
+    "CaFiles",
+    "DEFAULT_LEAF_DAYS",
+    "Issued",
+    "PkiReport",
+    "ensure_dev_pki",
+    "issue",
+    "new_ca",
+    "server_names_for",
+    "validate_name",
+    "write_identity",
+]
+
+#: Loopback names every service certificate answers to, besides its own service name.
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+DEFAULT_LEAF_DAYS = 825
+
+
+def server_names_for(service: str) -> tuple[str, ...]:
+    """The names a service's certificate answers to: loopback and its compose/Kubernetes name."""
+    return (*LOOPBACK_NAMES, service)
 
 
 @dataclass(frozen=True)
-class TlsLayout:
-    """File names inside a TLS folder. Every service and client agrees on these."""
+class CaFiles:
+    """The CA's certificate and key at the top of a TLS folder (the key never leaves it)."""
 
     root: Path
 
     @property
-    def ca_cert(self) -> Path:
+    def cert(self) -> Path:
         return self.root / "ca.pem"
 
     @property
-    def ca_key(self) -> Path:
+    def key(self) -> Path:
         return self.root / "ca-key.pem"
-
-    @property
-    def server_cert(self) -> Path:
-        return self.root / "server.pem"
-
-    @property
-    def server_key(self) -> Path:
-        return self.root / "server-key.pem"
-
-    def client_cert(self, name: str) -> Path:
-        return self.root / f"client-{name}.pem"
-
-    def client_key(self, name: str) -> Path:
-        return self.root / f"client-{name}-key.pem"
 
 
 @dataclass(frozen=True)
@@ -77,13 +93,6 @@ class Issued:
         return key
 
 
-def validate_name(name: str) -> str:
-    """Tenant and client names go into file names and subjects: keep them plain."""
-    if not _NAME_RE.match(name):
-        raise ValueError(f"invalid name {name!r}: use letters, digits, '.', '_' or '-', at most 63")
-    return name
-
-
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
@@ -92,8 +101,8 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
 
 
-def _san(names: Iterable[str]) -> x509.SubjectAlternativeName:
-    entries: list[x509.GeneralName] = []
+def _san(names: Iterable[str], uris: Iterable[str]) -> x509.SubjectAlternativeName:
+    entries: list[x509.GeneralName] = [x509.UniformResourceIdentifier(uri) for uri in uris]
     for name in names:
         try:
             entries.append(x509.IPAddress(ipaddress.ip_address(name)))
@@ -132,23 +141,28 @@ def new_ca(common_name: str = "agent-gateway dev CA", *, valid_days: int = 3650)
 
 def issue(
     ca: Issued,
-    common_name: str,
+    identity: Identity | None,
     *,
+    trust_domain: str = DEFAULT_TRUST_DOMAIN,
+    common_name: str | None = None,
     server_names: Sequence[str] = (),
-    client: bool = False,
+    client: bool = True,
     not_before: dt.datetime | None = None,
     not_after: dt.datetime | None = None,
+    days: int = DEFAULT_LEAF_DAYS,
 ) -> Issued:
     """Sign a leaf certificate.
 
     Args:
         ca: the issuing CA.
-        common_name: the subject's CN; for a client, the tenant.
+        identity: written as the URI SAN ``spiffe://<trust_domain>/<kind>/<name>``;
+            None issues a certificate without one (tests of the refusal).
+        common_name: the subject's CN; default the identity's name.
         server_names: DNS names and IP addresses for the SAN; makes it a server
-            certificate.
-        client: also allow TLS client authentication.
-        not_before, not_after: validity; default from five minutes ago for 825
-            days (tests use them to issue expired certificates).
+            certificate too.
+        client: allow TLS client authentication (services use one certificate both ways).
+        not_before, not_after, days: validity; default from five minutes ago for
+            ``days`` (tests issue expired and short-lived ones).
     """
     key = ec.generate_private_key(ec.SECP256R1())
     now = _now()
@@ -159,100 +173,124 @@ def issue(
         usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
     if not usages:
         raise ValueError("a certificate needs server_names, client=True, or both")
+    cn = common_name or (identity.name if identity else "anonymous")
+    uris = [identity.spiffe_id(trust_domain)] if identity else []
     builder = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
         .issuer_name(ca.cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(not_before or now - dt.timedelta(minutes=5))
-        .not_valid_after(not_after or now + dt.timedelta(days=825))
+        .not_valid_after(not_after or now + dt.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()), critical=False
         )
     )
-    if server_names:
-        builder = builder.add_extension(_san(server_names), critical=False)
+    if uris or server_names:
+        builder = builder.add_extension(_san(server_names, uris), critical=False)
     cert = builder.sign(ca.key, hashes.SHA256())
     return Issued(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    # Create with 0600 from the start: a chmod after writing leaves a window.
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+def _write_atomic(path: Path, data: bytes, mode: int) -> None:
+    # Created with its final mode from the start (a chmod after writing leaves
+    # a window), then renamed over the old file: a reader sees old or new, whole.
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
-    os.chmod(path, 0o600)
-
-
-def _write_public(path: Path, data: bytes) -> None:
-    path.write_bytes(data)
-    os.chmod(path, 0o644)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
 
 
 def write_pair(cert_path: Path, key_path: Path, issued: Issued) -> None:
-    """Write a certificate (0644) and its key (0600)."""
-    _write_private(key_path, issued.key_pem)
-    _write_public(cert_path, issued.cert_pem)
+    """Write a certificate (0644) and its key (0600); the key first, so a new certificate never meets an old key."""
+    _write_atomic(key_path, issued.key_pem, 0o600)
+    _write_atomic(cert_path, issued.cert_pem, 0o644)
 
 
-def _load_pair(cert_path: Path, key_path: Path) -> Issued:
-    return Issued(cert_path.read_bytes(), key_path.read_bytes())
+def write_identity(files: IdentityFiles, issued: Issued, ca_pem: bytes) -> None:
+    """Fill an identity's folder (0700): its certificate, its key, and the CA certificate it trusts."""
+    files.root.mkdir(parents=True, exist_ok=True)
+    os.chmod(files.root, 0o700)
+    _write_atomic(files.ca, ca_pem, 0o644)
+    write_pair(files.cert, files.key, issued)
 
 
 @dataclass(frozen=True)
 class PkiReport:
     """What :func:`ensure_dev_pki` did, for the CLI to print."""
 
-    layout: TlsLayout
+    root: Path
     created: tuple[Path, ...]
     reused: tuple[Path, ...]
+
+    @property
+    def ca(self) -> CaFiles:
+        return CaFiles(self.root)
+
+
+def check_names(tenants: Iterable[str], operators: Iterable[str]) -> None:
+    """Tenant and operator names must be valid and must not be a service's name."""
+    for kind, names in (("tenant", tenants), ("operator", operators)):
+        for name in names:
+            validate_name(name)
+            if name in SERVICE_NAMES:
+                raise ValueError(f"{kind} name {name!r} is a service's name ({', '.join(SERVICE_NAMES)}); "
+                                 f"choose another, so no {kind} can be mistaken for a service")
 
 
 def ensure_dev_pki(
     tls_dir: Path,
     *,
     tenants: Sequence[str] = (DEFAULT_TENANT,),
-    server_names: Sequence[str] = DEFAULT_SERVER_NAMES,
+    operators: Sequence[str] = (DEFAULT_OPERATOR,),
+    trust_domain: str = DEFAULT_TRUST_DOMAIN,
     force: bool = False,
+    renew: bool = False,
+    leaf_days: int = DEFAULT_LEAF_DAYS,
 ) -> PkiReport:
     """Create whatever of the dev PKI is missing under ``tls_dir``; keep the rest.
 
-    With ``force`` everything is issued anew, the CA included (which invalidates
-    every certificate issued before). A new CA also re-issues all leaves,
-    since the old ones would no longer verify.
+    Always issues the three services (each its own key), the operators and the
+    tenants named. With ``renew`` every leaf is issued anew under the same CA
+    (running services pick them up without a restart); with ``force``
+    everything is, the CA included, which invalidates every certificate issued
+    before.
     """
-    for tenant in tenants:
-        validate_name(tenant)
-    layout = TlsLayout(tls_dir)
-    tls_dir.mkdir(parents=True, exist_ok=True)
-    os.chmod(tls_dir, 0o700)
+    check_names(tenants, operators)
+    if leaf_days <= 0:
+        raise ValueError(f"leaf validity must be at least one day (got {leaf_days})")
+    ca_files = CaFiles(Path(tls_dir))
+    ca_files.root.mkdir(parents=True, exist_ok=True)
+    os.chmod(ca_files.root, 0o700)
     created: list[Path] = []
     reused: list[Path] = []
 
-    renew_all = force or not (layout.ca_cert.exists() and layout.ca_key.exists())
-    if renew_all:
+    new_authority = force or not (ca_files.cert.exists() and ca_files.key.exists())
+    if new_authority:
         ca = new_ca()
-        write_pair(layout.ca_cert, layout.ca_key, ca)
-        created.append(layout.ca_cert)
+        write_pair(ca_files.cert, ca_files.key, ca)
+        created.append(ca_files.cert)
     else:
-        ca = _load_pair(layout.ca_cert, layout.ca_key)
-        reused.append(layout.ca_cert)
+        ca = Issued(ca_files.cert.read_bytes(), ca_files.key.read_bytes())
+        reused.append(ca_files.cert)
 
-    def ensure(cert_path: Path, key_path: Path, make) -> None:
-        if not renew_all and cert_path.exists() and key_path.exists():
-            reused.append(cert_path)
-            return
-        write_pair(cert_path, key_path, make())
-        created.append(cert_path)
-
-    ensure(
-        layout.server_cert,
-        layout.server_key,
-        lambda: issue(ca, "agent-gateway server", server_names=server_names),
-    )
-    for name in dict.fromkeys([GATEWAY_IDENTITY, *tenants]):
-        ensure(layout.client_cert(name), layout.client_key(name), lambda n=name: issue(ca, n, client=True))
-    return PkiReport(layout, tuple(created), tuple(reused))
+    identities = [
+        *(Identity.service(name) for name in SERVICE_NAMES),
+        *(Identity.operator(name) for name in dict.fromkeys(operators)),
+        *(Identity.tenant(name) for name in dict.fromkeys(tenants)),
+    ]
+    for identity in identities:
+        files = IdentityFiles.of(ca_files.root, identity)
+        if not (new_authority or renew) and all(path.exists() for path in files.paths):
+            reused.append(files.cert)
+            continue
+        names = server_names_for(identity.name) if identity.kind == "service" else ()
+        write_identity(files, issue(ca, identity, trust_domain=trust_domain, server_names=names, days=leaf_days),
+                       ca.cert_pem)
+        created.append(files.cert)
+    return PkiReport(ca_files.root, tuple(created), tuple(reused))

@@ -30,13 +30,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from servicekit.interceptors import EdgeInterceptor, Readiness
+from servicekit.authz import Authorizer, Denylist, Policy
+from servicekit.interceptors import HEALTH_SERVICE, EdgeInterceptor, Readiness
 from servicekit.keepalive import GrpcOptions
 from servicekit.metrics import configure_metrics, counter, gauge, meter
 from servicekit.procfs import runqueue_wait_s
 from servicekit.settings import ServiceSettings, SettingsError, load_settings
 from servicekit.telemetry import configure_tracing
-from servicekit.tls import ServerTls, TlsConfigError
+from servicekit.tls import CertificateFiles, ServerTls, TlsConfigError, reloading_server_credentials
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,10 @@ class ServiceApp(Protocol):
     name: str
     #: The gRPC services it implements, for health and reflection.
     services: Sequence[ServiceDescriptor]
-    #: Optional: True to listen in plaintext (only the gateway, only with AGW_INSECURE_DEV).
+    # Optional attributes, read with getattr:
+    #   insecure: bool, True to listen in plaintext (only the gateway, only with AGW_INSECURE_DEV);
+    #   plaintext_identity: Identity, the identity of a caller without TLS in that mode;
+    #   method_policies: {method name: identity patterns}, methods allowed to others than AGW_*_ALLOWED_CLIENTS.
 
     def register(self, server: grpc.aio.Server) -> None:
         """Add the servicers to ``server`` (called before it starts)."""
@@ -93,6 +97,10 @@ class RunningService:
     server: grpc.aio.Server
     health: Health
     grace_s: float
+    #: Who may call what; its ``peers_seen`` records the certificate serials of callers.
+    authorizer: Authorizer
+    #: The certificate files served (None with explicit credentials or in plaintext).
+    certificates: CertificateFiles | None = None
 
     async def drain(self) -> None:
         """Refuse new calls, give in-flight ones ``grace_s``, then stop."""
@@ -113,6 +121,19 @@ def server_options(settings: ServiceSettings) -> GrpcOptions:
     ]
 
 
+def authorizer_for(app: ServiceApp, settings: ServiceSettings, *, insecure: bool) -> Authorizer:
+    """The service's authorization, from its settings and what the app declares per method."""
+    return Authorizer(
+        app.name,
+        Policy(settings.allowed_client_patterns, getattr(app, "method_policies", None)),
+        trust_domain=settings.trust_domain,
+        denylist=Denylist(settings.denied_clients_file, check_every_s=min(settings.tls_reload_s or 1.0, 1.0)),
+        identity_from_cn=settings.identity_from_cn,
+        plaintext_identity=getattr(app, "plaintext_identity", None) if insecure else None,
+        open_services=[HEALTH_SERVICE],
+    )
+
+
 @asynccontextmanager
 async def running_service(
     app: ServiceApp,
@@ -125,17 +146,24 @@ async def running_service(
     """Serve ``app`` until the body exits, then drain and close in reverse order.
 
     Args:
-        credentials: server credentials; default mTLS from ``settings.tls_dir``.
+        credentials: server credentials; default mTLS from the service's own
+            identity folder, reloaded when renewed (``AGW_TLS_RELOAD_S``).
         insecure: listen in plaintext (development only; the caller warns).
         interceptors: run before the edge interceptor (for example tracing).
     """
     started = time.perf_counter()
     insecure = insecure or getattr(app, "insecure", False)
+    certificates = None
     if credentials is None and not insecure:
-        credentials = ServerTls.from_dir(settings.tls_dir).credentials()
+        if settings.tls_reload_s > 0:
+            certificates = CertificateFiles(settings.identity_files, check_every_s=settings.tls_reload_s)
+            credentials = reloading_server_credentials(certificates)
+        else:
+            credentials = ServerTls.from_dir(settings.identity_files.root).credentials()
     readiness = Readiness(app.name)
+    authorizer = authorizer_for(app, settings, insecure=insecure)
     server = grpc.aio.server(
-        interceptors=[*interceptors, EdgeInterceptor(readiness)],
+        interceptors=[*interceptors, EdgeInterceptor(readiness, authorizer)],
         options=server_options(settings),
     )
     service_names = [service.full_name for service in app.services]
@@ -149,7 +177,8 @@ async def running_service(
         port = server.add_insecure_port(settings.listen_address)
     else:
         port = server.add_secure_port(settings.listen_address, credentials)
-    running = RunningService(port=port, server=server, health=health, grace_s=settings.grace_s)
+    running = RunningService(port=port, server=server, health=health, grace_s=settings.grace_s,
+                             authorizer=authorizer, certificates=certificates)
     loop_name = type(asyncio.get_running_loop()).__module__.split(".")[0]
     gauge(meter("servicekit"), "agw.process.info", lambda: [(1, {"service": app.name, "event_loop": loop_name})],
           description="Always 1; its labels say which service and event loop (uvloop or asyncio) this process runs.")
@@ -266,7 +295,7 @@ def main_for(settings_cls: type[S], make_app: Callable[[S], ServiceApp]) -> int:
         settings = load_settings(settings_cls)
         app = make_app(settings)
         if not getattr(app, "insecure", False):
-            ServerTls.from_dir(settings.tls_dir)  # fail now, naming the missing file
+            ServerTls.from_dir(settings.identity_files.root)  # fail now, naming the missing file
     except (SettingsError, TlsConfigError, ValueError) as exc:
         print(f"{settings_cls.__module__.split('.')[0]}: {exc}", file=sys.stderr)
         return 2

@@ -14,6 +14,13 @@ from typing import Annotated, Any, TypeVar
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from servicekit.identity import (
+    DEFAULT_TRUST_DOMAIN,
+    Identity,
+    IdentityFiles,
+    check_identity_pattern,
+    validate_trust_domain,
+)
 from servicekit.keepalive import KeepalivePolicy
 
 ENV_PREFIX = "AGW_"
@@ -73,15 +80,51 @@ class ServiceSettings(BaseSettings):
     trace_content: bool = deployment_field(
         False, "trace_content", description="Record prompt and output text on spans (AGW_TRACE_CONTENT=1); off by default."
     )
+    trust_domain: str = deployment_field(
+        DEFAULT_TRUST_DOMAIN, "trust_domain",
+        description="SPIFFE trust domain of every identity; certificates of any other are refused.")
+    identity_from_cn: bool = deployment_field(
+        False, "identity_from_cn",
+        description="Compatibility only, weaker: take a certificate without a SPIFFE ID by its common name "
+        "(CN gateway is the gateway, any other CN a tenant).")
+    tls_reload_s: float = deployment_field(
+        2.0, "tls_reload_s", ge=0,
+        description="How often certificate files are checked for renewal (servers on new handshakes, outbound "
+        "pools in the background); 0: never, a restart rotates them.")
+    identity: str = Field(
+        "", description="The service identity this process presents (service/<name>): its certificate and key are "
+        "in $AGW_TLS_DIR/service/<name>/.")
+    allowed_clients: str = Field(
+        "service/gateway,operator/*", description="Identities allowed to call this service, comma-separated "
+        "kind/name patterns (* matches any name). Health answers any verified certificate.")
+    denied_clients_file: Path | None = Field(
+        None, description="File of identities (kind/name) or certificate serials (hex) to refuse, one per line; "
+        "read again when it changes, no restart.")
 
     @model_validator(mode="after")
     def _derive_and_check(self) -> ServiceSettings:
         if self.tls_dir is None:
             # Frozen model: derived defaults are set once, here, and never again.
             object.__setattr__(self, "tls_dir", self.home / "tls")
+        validate_trust_domain(self.trust_domain)
+        if self.identity:
+            Identity.service(self.identity)  # a valid name, or ValueError naming it
+        for pattern in self.allowed_client_patterns:
+            check_identity_pattern(pattern)
         if self.keepalive_timeout_s >= self.keepalive_time_s * 4:
             raise ValueError("AGW_KEEPALIVE_TIMEOUT_S should be well under AGW_KEEPALIVE_TIME_S")
         return self
+
+    @property
+    def allowed_client_patterns(self) -> tuple[str, ...]:
+        return tuple(p.strip() for p in self.allowed_clients.split(",") if p.strip())
+
+    @property
+    def identity_files(self) -> IdentityFiles:
+        """This service's own certificate, key and CA (``$AGW_TLS_DIR/service/<identity>/``)."""
+        if not self.identity:
+            raise ValueError("these settings name no service identity")
+        return IdentityFiles.of(self.tls_dir, Identity.service(self.identity))
 
     @property
     def keepalive(self) -> KeepalivePolicy:

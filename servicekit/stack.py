@@ -165,7 +165,7 @@ def up() -> int:
     with ExitStack() as stack:
         try:
             with progress.step(f"dev certificates ({settings.tls_dir})"):
-                ensure_dev_pki(settings.tls_dir)
+                ensure_dev_pki(settings.tls_dir, trust_domain=settings.trust_domain)
             database_url = stack.enter_context(_postgres(settings, progress))
             inference_settings = load_settings(InferenceSettings)
             if not inference_settings.model:

@@ -18,6 +18,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from servicekit.procfs import children
+from servicekit.identity import DEFAULT_OPERATOR
 from servicekit.tls import ClientTls
 
 class ServiceStartError(RuntimeError):
@@ -73,9 +74,9 @@ class ServiceProcess:
             time.sleep(0.05)
         raise ServiceStartError(f"service wrote no port in {timeout}s:\n{self.log_text()[-4000:]}")
 
-    def secure_channel(self, identity: str = "gateway") -> grpc.Channel:
-        """A blocking channel, for fixtures that run outside the event loop."""
-        credentials = ClientTls.from_dir(self.tls_dir, identity).credentials()
+    def secure_channel(self, identity: str = f"operator/{DEFAULT_OPERATOR}") -> grpc.Channel:
+        """A blocking channel, for fixtures that run outside the event loop (as an operator by default)."""
+        credentials = ClientTls.for_identity(self.tls_dir, identity).credentials()
         return grpc.secure_channel(f"127.0.0.1:{self.wait_port()}", credentials)
 
     def wait_serving(self, timeout: float = 240) -> int:

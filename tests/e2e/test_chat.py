@@ -129,7 +129,7 @@ async def test_a_retry_racing_its_original_stores_the_turn_once(stub):
 async def test_another_tenants_session_is_not_found_and_untouched(gateway, stub, pki):
     session = await _session(stub)
     await _turn(stub, session_id=session, message="Mine.", idempotency_key="turn-1")
-    async with gateway_stub(gateway.port, pki.root, identity="other") as other:
+    async with gateway_stub(gateway.port, pki.root, identity="tenant/other") as other:
         with pytest.raises(grpc.aio.AioRpcError) as caught:  # the owner's key: no replay of its answer either
             await _turn(other, session_id=session, message="Mine.", idempotency_key="turn-1")
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
@@ -269,7 +269,7 @@ async def test_cancelled_turn_stores_nothing_and_frees_the_engine(stub, inferenc
     await asyncio.sleep(0.5)
     messages = (await stub.ListMessages(pb.ListMessagesRequest(session_id=session), timeout=5)).messages
     assert list(messages) == []  # documented: neither the question nor a partial answer is kept
-    async with mtls_channel(inference_service.port, pki.root, identity="gateway") as channel:
+    async with mtls_channel(inference_service.port, pki.root, identity="service/gateway") as channel:
         load = await inference_pb2_grpc.InferenceStub(channel).GetLoad(inference_pb2.GetLoadRequest(), timeout=5)
     assert (load.running_requests, load.waiting_requests) == (0, 0), load
 
@@ -287,7 +287,7 @@ async def test_turn_cancelled_at_its_context_event_stores_nothing_and_frees_the_
     session = await _session(stub)
     # The load probe connects first, so that the test times the engine, not
     # a TLS handshake made while the machine is busy.
-    async with mtls_channel(inference_service.port, pki.root, identity="gateway") as channel:
+    async with mtls_channel(inference_service.port, pki.root, identity="service/gateway") as channel:
         inference = inference_pb2_grpc.InferenceStub(channel)
         await inference.GetLoad(inference_pb2.GetLoadRequest(), timeout=10)
         call = stub.Chat(pb.ChatRequest(

@@ -71,7 +71,7 @@ async def engine(inference_service, pki):
     Connecting afterwards would time a TLS handshake with an engine that is
     still busy (one failed in CI with "Handshake read failed"), not the engine.
     """
-    async with mtls_channel(inference_service.port, pki.root, identity="gateway") as channel:
+    async with mtls_channel(inference_service.port, pki.root, identity="service/gateway") as channel:
         await wait_ready(channel, timeout_s=10, target="inference")
         yield inference_pb2_grpc.InferenceStub(channel)
 
@@ -142,7 +142,7 @@ async def test_tenants_never_reuse_each_others_cached_prefixes(gateway, stub, pk
             prompt=prompt, cache_salt=salt, sampling=inference_pb2.SamplingParams(max_tokens=1))), timeout=30)]
         return messages[-1].response.result.usage.cached_prompt_tokens
 
-    async with gateway_stub(gateway[0].port, pki.root, identity="other") as other:
+    async with gateway_stub(gateway[0].port, pki.root, identity="tenant/other") as other:
         assert await cached(stub) < 32  # new to the cache
         assert await cached(other) < 32  # the same prompt, another tenant: computed again
         assert await cached(other, "t3-dev") < 32  # naming dev's partition names its own sub-partition
@@ -230,7 +230,7 @@ def pb_stub(channel):
 
 
 async def test_a_tenant_cannot_read_another_tenants_collection(gateway, docs, pki):
-    async with gateway_stub(gateway[0].port, pki.root, identity="other") as other:
+    async with gateway_stub(gateway[0].port, pki.root, identity="tenant/other") as other:
         for name in ("docs", "t3-dev-docs"):  # its own namespace, even given the physical name
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await other.Retrieve(_retrieve(collection=name), timeout=10)
@@ -259,7 +259,7 @@ async def test_session_rpcs_are_tenant_scoped(gateway, stub, pki):
     fetched = (await stub.GetSession(pb.GetSessionRequest(session_id=created.id), timeout=5)).session
     assert dict(fetched.metadata) == {"k": "'); DROP TABLE agw_sessions; --"}
     assert (await stub.ListMessages(pb.ListMessagesRequest(session_id=created.id), timeout=5)).messages == []
-    async with gateway_stub(gateway[0].port, pki.root, identity="other") as other:
+    async with gateway_stub(gateway[0].port, pki.root, identity="tenant/other") as other:
         for call, request in ((other.GetSession, pb.GetSessionRequest(session_id=created.id)),
                               (other.ListMessages, pb.ListMessagesRequest(session_id=created.id)),
                               (other.DeleteSession, pb.DeleteSessionRequest(session_id=created.id))):

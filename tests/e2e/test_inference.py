@@ -40,7 +40,7 @@ PASSAGE = (
 
 @pytest.fixture
 async def stub(inference_service):
-    async with mtls_channel(inference_service.port, inference_service.tls_dir, identity="gateway") as channel:
+    async with mtls_channel(inference_service.port, inference_service.tls_dir, identity="service/gateway") as channel:
         yield inference_pb2_grpc.InferenceStub(channel)
 
 
@@ -56,7 +56,7 @@ async def probe(inference_service):
     window; any other call on that connection then waits behind it. Probes
     must not share the connection with the streams they watch.
     """
-    async with mtls_channel(inference_service.port, inference_service.tls_dir, identity="gateway") as channel:
+    async with mtls_channel(inference_service.port, inference_service.tls_dir, identity="service/gateway") as channel:
         yield inference_pb2_grpc.InferenceStub(channel)
 
 
@@ -239,7 +239,7 @@ async def narrow(inference_service):
     the test reads or cancels it, however fast or slow this machine is.
     """
     spec = ChannelSpec(target=f"127.0.0.1:{inference_service.port}",
-                       tls=ClientTls.from_dir(inference_service.tls_dir, "gateway"))
+                       tls=ClientTls.for_identity(inference_service.tls_dir, "operator/admin"))
     options = [*spec.options(), ("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1024)]
     async with grpc.aio.secure_channel(spec.target, spec.tls.credentials(), options=options) as channel:
         yield inference_pb2_grpc.InferenceStub(channel)

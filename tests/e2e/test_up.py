@@ -132,6 +132,19 @@ def test_up_answers_passes_the_doctor_and_stops_clean(tmp_path):
         for port in stack.ports.values():  # the container health check, against each service
             assert stack.healthcheck(port).returncode == 0
 
+        # The operator's tools present the operator identity, which the backends serve.
+        notes = tmp_path / "notes.md"
+        notes.write_text("# Gateways\n\nA gateway keeps long-lived channels to its backends.\n")
+        retrieval = f"127.0.0.1:{stack.ports['RETRIEVAL']}"
+        ingest = stack.cli("ingest", "--target", retrieval, "--collection", "t3-dev-notes", str(notes))
+        assert ingest.returncode == 0, ingest.stdout + ingest.stderr
+        tune = stack.cli("tune-ef", "--target", retrieval, "--k", "1", "--sample-size", "1", "t3-dev-notes")
+        assert tune.returncode in (0, 1), tune.stdout + tune.stderr  # 1: the target recall was not met
+        assert "stored ef=" in tune.stdout, tune.stdout + tune.stderr
+        # ... and a tenant's certificate gets nothing from a backend.
+        as_tenant = stack.cli("ingest", "--target", retrieval, "--identity", "tenant/dev", str(notes))
+        assert as_tenant.returncode == 1 and "PERMISSION_DENIED" in as_tenant.stderr, as_tenant.stderr
+
         processes = set()
         for pid in connection["pids"].values():
             processes |= {pid, *descendants(pid)}

@@ -23,7 +23,10 @@ def test_certs_creates_then_reuses_then_forces(tmp_path):
     first = _certs(tmp_path, "--tenant", "acme")
     assert first.returncode == 0, first.stderr
     tls = tmp_path / "tls"
-    assert {p.name for p in tls.iterdir()} >= {"ca.pem", "server.pem", "client-acme.pem", "client-gateway.pem"}
+    assert {p.name for p in tls.iterdir()} == {"ca.pem", "ca-key.pem", "service", "operator", "tenant"}
+    assert {p.name for p in (tls / "service").iterdir()} == {"gateway", "retrieval", "inference"}
+    assert {p.name for p in (tls / "tenant").iterdir()} == {"acme"}
+    assert {p.name for p in (tls / "operator").iterdir()} == {"admin"}
     ca = (tls / "ca.pem").read_bytes()
 
     again = _certs(tmp_path, "--tenant", "acme")
@@ -32,6 +35,23 @@ def test_certs_creates_then_reuses_then_forces(tmp_path):
 
     forced = _certs(tmp_path, "--force")
     assert forced.returncode == 0 and (tls / "ca.pem").read_bytes() != ca
+
+
+def test_certs_renews_leaves_under_the_same_ca(tmp_path):
+    assert _certs(tmp_path).returncode == 0
+    tls = tmp_path / "tls"
+    ca, leaf = (tls / "ca.pem").read_bytes(), (tls / "service/gateway/cert.pem").read_bytes()
+    renewed = _certs(tmp_path, "--renew", "--leaf-days", "30")
+    assert renewed.returncode == 0, renewed.stderr
+    assert "renewed" in renewed.stdout
+    assert (tls / "ca.pem").read_bytes() == ca and (tls / "service/gateway/cert.pem").read_bytes() != leaf
+
+
+def test_certs_refuses_a_service_name_for_a_tenant(tmp_path):
+    result = _certs(tmp_path, "--tenant", "gateway")
+    assert result.returncode == 2
+    assert "tenant name 'gateway' is a service's name" in result.stderr
+    assert not (tmp_path / "tls" / "tenant" / "gateway").exists()
 
 
 def test_certs_refuses_a_bad_tenant_name(tmp_path):

@@ -44,10 +44,31 @@ def _broken(compose: dict, change) -> list[str]:
     (lambda s: s["gateway"]["environment"].update(AGW_TLS_DIR="/certs"), "different AGW_TLS_DIR paths"),
     (lambda s: s["gateway"]["depends_on"].update(postgres={"condition": "service_started"}),
      "depends_on postgres without condition service_healthy"),
+    # Keys: no service sees the CA's key or another service's key.
+    (lambda s: s["retrieval"]["volumes"].append("tls:/tls:ro"), "retrieval: mounts the whole certificate volume"),
+    (lambda s: s["inference"]["volumes"].append({"type": "volume", "source": "tls", "target": "/tls/service/gateway",
+                                                 "read_only": True, "volume": {"subpath": "service/gateway"}}),
+     "inference: mounts another identity's folder (service/gateway)"),
+    (lambda s: s["gateway"]["volumes"].append({"type": "volume", "source": "tls", "target": "/tls/ca-key.pem",
+                                               "read_only": True, "volume": {"subpath": "ca-key.pem"}}),
+     "gateway: mounts the CA key"),
+    (lambda s: s["gateway"]["volumes"].append("./tls/ca-key.pem:/run/ca-key.pem:ro"), "gateway: mounts the CA key"),
+    (lambda s: s["gateway"]["volumes"][0].update(read_only=False), "gateway: its identity folder is mounted read-write"),
 ])
 def test_a_broken_copy_fails_naming_the_problem(compose, change, expected):
     problems = _broken(compose, change)
     assert any(expected in problem for problem in problems), problems
+
+
+def test_the_shipped_file_follows_the_compose_spec():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    checker = Path(sys.executable).with_name("check-jsonschema")
+    result = subprocess.run([str(checker), "--builtin-schema", "vendor.compose-spec", str(composecheck.DEFAULT_FILE)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_the_command_line_exits_1_on_a_broken_file(compose, tmp_path, capsys):

@@ -11,13 +11,18 @@ from tests.support.servers import scripted_server
 pytestmark = pytest.mark.integration
 
 
-def _credentials(pki, *, cert=None, key=None, ca=None):
-    ca_pem = (ca or pki.layout.ca_cert).read_bytes()
-    if cert is None:
+def _credentials(pki, files=None):
+    ca_pem = pki.ca.cert.read_bytes()
+    if files is None:
         return grpc.ssl_channel_credentials(root_certificates=ca_pem)
     return grpc.ssl_channel_credentials(
-        root_certificates=ca_pem, private_key=key.read_bytes(), certificate_chain=cert.read_bytes()
+        root_certificates=ca_pem, private_key=files.key.read_bytes(), certificate_chain=files.cert.read_bytes()
     )
+
+
+def _server_credentials(pki, files):
+    return grpc.ssl_server_credentials([(files.key.read_bytes(), files.cert.read_bytes())],
+                                       root_certificates=pki.ca.cert.read_bytes(), require_client_auth=True)
 
 
 async def _check_refused(port: int, credentials: grpc.ChannelCredentials) -> grpc.aio.AioRpcError:
@@ -42,36 +47,24 @@ async def test_client_without_certificate_is_refused(pki):
 
 async def test_client_certificate_from_another_ca_is_refused(pki):
     async with scripted_server(pki.root) as server:
-        await _check_refused(
-            server.port, _credentials(pki, cert=pki.bad.root / "client-foreign.pem", key=pki.bad.root / "client-foreign-key.pem")
-        )
+        await _check_refused(server.port, _credentials(pki, pki.bad("foreign-ca")))
 
 
 async def test_expired_client_certificate_is_refused(pki):
     async with scripted_server(pki.root) as server:
-        await _check_refused(
-            server.port, _credentials(pki, cert=pki.bad.root / "client-expired.pem", key=pki.bad.root / "client-expired-key.pem")
-        )
+        await _check_refused(server.port, _credentials(pki, pki.bad("expired")))
 
 
 async def test_server_certificate_with_wrong_san_is_refused_by_client(pki):
-    credentials = grpc.ssl_server_credentials(
-        [((pki.bad.root / "server-wrong-san-key.pem").read_bytes(), (pki.bad.root / "server-wrong-san.pem").read_bytes())],
-        root_certificates=pki.layout.ca_cert.read_bytes(),
-        require_client_auth=True,
-    )
+    credentials = _server_credentials(pki, pki.bad("server-wrong-san"))
     async with scripted_server(pki.root, credentials=credentials) as server:
-        good_client = _credentials(pki, cert=pki.layout.client_cert("dev"), key=pki.layout.client_key("dev"))
+        good_client = _credentials(pki, pki.identity("service/gateway"))
         error = await _check_refused(server.port, good_client)
         assert "hostname verification" in error.details().lower()
 
 
 async def test_expired_server_certificate_is_refused_by_client(pki):
-    credentials = grpc.ssl_server_credentials(
-        [((pki.bad.root / "server-expired-key.pem").read_bytes(), (pki.bad.root / "server-expired.pem").read_bytes())],
-        root_certificates=pki.layout.ca_cert.read_bytes(),
-        require_client_auth=True,
-    )
+    credentials = _server_credentials(pki, pki.bad("server-expired"))
     async with scripted_server(pki.root, credentials=credentials) as server:
-        good_client = _credentials(pki, cert=pki.layout.client_cert("dev"), key=pki.layout.client_key("dev"))
+        good_client = _credentials(pki, pki.identity("service/gateway"))
         await _check_refused(server.port, good_client)

@@ -67,6 +67,6 @@ async def gateway_server(tls_dir: Path, inference_port: int, retrieval_port: int
 
 
 @asynccontextmanager
-async def gateway_stub(port: int, tls_dir: Path, identity: str = "dev", **options):
+async def gateway_stub(port: int, tls_dir: Path, identity: str = "tenant/dev", **options):
     async with mtls_channel(port, tls_dir, identity=identity, services=[GATEWAY_SERVICE], **options) as channel:
         yield gateway_pb2_grpc.AgentGatewayStub(channel)

@@ -10,11 +10,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from servicekit import ChannelSpec, ClientTls, KeepalivePolicy, RetryPolicy, open_channel
 
 
-def mtls_channel(port: int, tls_dir: Path, *, identity: str = "dev", keepalive: KeepalivePolicy | None = None,
+def mtls_channel(port: int, tls_dir: Path, *, identity: str = "operator/admin", keepalive: KeepalivePolicy | None = None,
                  services=(), host: str = "127.0.0.1", retry: RetryPolicy | None = RetryPolicy()) -> grpc.aio.Channel:
     spec = ChannelSpec(
         target=f"{host}:{port}",
-        tls=ClientTls.from_dir(tls_dir, identity),
+        tls=ClientTls.for_identity(tls_dir, identity),
         services=services,
         keepalive=keepalive or KeepalivePolicy(),
         retry=retry,

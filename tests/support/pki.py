@@ -6,49 +6,58 @@ import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
 
-from servicekit.pki import DEFAULT_SERVER_NAMES, TlsLayout, ensure_dev_pki, issue, new_ca, write_pair
+from servicekit.identity import Identity, IdentityFiles
+from servicekit.pki import CaFiles, Issued, ensure_dev_pki, issue, new_ca, server_names_for, write_identity
+
+#: Certificates under ``<root>/bad`` that every service must refuse (or that clients must refuse).
+BAD = {
+    "foreign-ca": "a tenant certificate from a CA nobody trusts",
+    "expired": "a tenant certificate from our CA whose validity ended yesterday",
+    "no-spiffe": "a certificate from our CA without a SPIFFE ID (only CN=dev)",
+    "foreign-domain": "a certificate from our CA for spiffe://elsewhere.example/service/gateway",
+    "server-wrong-san": "a server certificate from our CA for a name nobody dials",
+    "server-expired": "a retrieval server certificate from our CA whose validity ended yesterday",
+}
 
 
 @dataclass(frozen=True)
 class PkiFixture:
-    """A dev PKI under ``root`` and, under ``root/bad``, certificates that must fail."""
+    """A dev PKI under ``root`` and, under ``root/bad/<name>/``, certificates that must fail."""
 
     root: Path
 
     @property
-    def layout(self) -> TlsLayout:
-        return TlsLayout(self.root)
+    def ca(self) -> CaFiles:
+        return CaFiles(self.root)
 
-    @property
-    def bad(self) -> TlsLayout:
-        return TlsLayout(self.root / "bad")
+    def identity(self, identity: str) -> IdentityFiles:
+        return IdentityFiles.of(self.root, Identity.parse(identity))
+
+    def bad(self, name: str) -> IdentityFiles:
+        assert name in BAD, name
+        return IdentityFiles(self.root / "bad" / name)
+
+    def load_ca(self) -> Issued:
+        return Issued(self.ca.cert.read_bytes(), self.ca.key.read_bytes())
 
 
 def make_test_pki(root: Path, tenants=("dev", "other")) -> PkiFixture:
     pki = PkiFixture(root)
     ensure_dev_pki(root, tenants=tenants)
-    bad = pki.bad.root
-    bad.mkdir(parents=True, exist_ok=True)
-    ca = _load_ca(pki.layout)
+    ca = pki.load_ca()
     foreign_ca = new_ca("some other CA")
     now = dt.datetime.now(dt.timezone.utc)
-    # A client certificate signed by a CA the server does not trust.
-    write_pair(bad / "client-foreign.pem", bad / "client-foreign-key.pem", issue(foreign_ca, "dev", client=True))
-    # A client certificate from our CA whose validity ended yesterday.
-    expired = issue(ca, "dev", client=True, not_before=now - dt.timedelta(days=30), not_after=now - dt.timedelta(days=1))
-    write_pair(bad / "client-expired.pem", bad / "client-expired-key.pem", expired)
-    # A server certificate from our CA for a name nobody dials.
-    write_pair(bad / "server-wrong-san.pem", bad / "server-wrong-san-key.pem", issue(ca, "wrong", server_names=["wrong.example"]))
-    # An expired server certificate with the right names.
-    expired_server = issue(
-        ca, "server", server_names=DEFAULT_SERVER_NAMES,
-        not_before=now - dt.timedelta(days=30), not_after=now - dt.timedelta(days=1),
-    )
-    write_pair(bad / "server-expired.pem", bad / "server-expired-key.pem", expired_server)
+    yesterday = {"not_before": now - dt.timedelta(days=30), "not_after": now - dt.timedelta(days=1)}
+    dev = Identity.tenant("dev")
+    issued = {
+        "foreign-ca": issue(foreign_ca, dev),
+        "expired": issue(ca, dev, **yesterday),
+        "no-spiffe": issue(ca, None, common_name="dev"),
+        "foreign-domain": issue(ca, Identity.service("gateway"), trust_domain="elsewhere.example"),
+        "server-wrong-san": issue(ca, Identity.service("inference"), server_names=["wrong.example"]),
+        "server-expired": issue(ca, Identity.service("inference"), server_names=server_names_for("inference"),
+                                **yesterday),
+    }
+    for name, certificate in issued.items():
+        write_identity(pki.bad(name), certificate, ca.cert_pem)
     return pki
-
-
-def _load_ca(layout: TlsLayout):
-    from servicekit.pki import Issued
-
-    return Issued(layout.ca_cert.read_bytes(), layout.ca_key.read_bytes())

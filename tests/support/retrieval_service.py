@@ -26,7 +26,7 @@ async def retrieval_server(home: Path, tls_dir: Path, *, interceptors=(), **over
 
 @asynccontextmanager
 async def retrieval_stub(port: int, tls_dir: Path, **channel_options):
-    async with mtls_channel(port, tls_dir, identity="gateway", services=[RETRIEVAL_SERVICE], **channel_options) as channel:
+    async with mtls_channel(port, tls_dir, identity="service/gateway", services=[RETRIEVAL_SERVICE], **channel_options) as channel:
         yield retrieval_pb2_grpc.RetrievalStub(channel)
 
 

@@ -34,6 +34,7 @@ INFERENCE_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["Inference"]
 class ScriptedSettings(ServiceSettings):
     model_config = prefixed_config("scripted")
 
+    identity: str = "inference"  # it stands in for the inference service, with its certificate
     warmup_s: float = 0.0
     closed_file: Path | None = None
 

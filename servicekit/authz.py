@@ -1,0 +1,257 @@
+"""Who may call what: the caller's identity from its verified certificate, checked once per call.
+
+mTLS proves a certificate chains to our CA; this module decides whether *that*
+identity may call *that* method. :class:`Authorizer` runs once, at the start of
+every call, in the edge interceptor (``servicekit.interceptors``), before the
+handler sees the request: a handler that forwards bytes without parsing
+messages is authorized exactly like one that parses them.
+
+- The identity is the certificate's SPIFFE ID (``peer_spiffe_id`` in gRPC's
+  auth context). A certificate without one, with several, or from another
+  trust domain is refused. The CN-based identity of earlier releases is
+  available only behind ``AGW_IDENTITY_FROM_CN`` (weaker: see
+  :func:`_identity_from_cn`).
+- A :class:`Policy` lists the identities allowed, by default and per method.
+- A :class:`Denylist` file lists identities or certificate serials to refuse
+  (a compromised certificate), read again whenever it changes.
+- Every refusal is logged with the identity, counted (``agw.authz.denied``) and
+  recorded as a span event; the call gets ``PERMISSION_DENIED`` (or
+  ``UNAUTHENTICATED`` without a usable identity).
+
+The admitted caller is available to the handler through :func:`caller`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from cryptography import x509
+
+from servicekit.errors import ServiceError
+from servicekit.identity import SERVICE_NAMES, Identity, check_identity_pattern
+from servicekit.metrics import meter
+
+log = logging.getLogger(__name__)
+_DENIED = meter("servicekit").create_counter(
+    "agw.authz.denied", description="Calls refused by authorization, by service, method and reason.")
+
+
+class PermissionDenied(ServiceError):
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class Unauthenticated(ServiceError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A verified caller: its identity and its certificate's serial (hex; empty without a certificate)."""
+
+    identity: Identity
+    serial: str = ""
+
+
+_CALLER: ContextVar[Peer | None] = ContextVar("agw_caller", default=None)
+
+
+def caller() -> Peer:
+    """The caller of the RPC being served, as authorization admitted it."""
+    peer = _CALLER.get()
+    if peer is None:
+        raise Unauthenticated("the call carries no authorized identity")
+    return peer
+
+
+class Policy:
+    """Identity patterns (``kind/name``, with ``*`` wildcards) allowed by default and per method."""
+
+    def __init__(self, allowed: Iterable[str], per_method: Mapping[str, Iterable[str]] | None = None) -> None:
+        self.allowed = tuple(check_identity_pattern(p) for p in allowed)
+        self.per_method = {method: tuple(check_identity_pattern(p) for p in patterns)
+                           for method, patterns in (per_method or {}).items()}
+
+    def patterns_for(self, method: str) -> tuple[str, ...]:
+        return self.per_method.get(method.rsplit("/", 1)[-1], self.allowed)
+
+    def allows(self, identity: Identity, method: str) -> bool:
+        name = str(identity)
+        return any(fnmatch.fnmatchcase(name, pattern) for pattern in self.patterns_for(method))
+
+
+class Denylist:
+    """Identities (``kind/name``) and certificate serials (hex) to refuse, from a file read again on change.
+
+    One entry per line; ``#`` starts a comment. A missing file is an empty
+    list (a denylist can be created while the service runs). The file is
+    stat-ed at most once per ``check_every_s``, on the call path.
+    """
+
+    def __init__(self, path: Path | None, *, check_every_s: float = 1.0) -> None:
+        self.path = path
+        self.check_every_s = check_every_s
+        self.identities: frozenset[str] = frozenset()
+        self.serials: frozenset[str] = frozenset()
+        self._signature: tuple | None = None
+        self._checked_at = -float("inf")
+
+    def refresh(self) -> None:
+        if self.path is None:
+            return
+        now = time.monotonic()
+        if now - self._checked_at < self.check_every_s:
+            return
+        self._checked_at = now
+        try:
+            stat = os.stat(self.path)
+            signature = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        except FileNotFoundError:
+            signature = None
+        if signature == self._signature:
+            return
+        self._signature = signature
+        lines = self.path.read_text().splitlines() if signature else []
+        entries = [line.split("#", 1)[0].strip() for line in lines]
+        entries = [entry for entry in entries if entry]
+        self.identities = frozenset(e for e in entries if "/" in e)
+        self.serials = frozenset(e.lower().replace(":", "").lstrip("0") for e in entries if "/" not in e)
+        log.info("denylist %s: %d identities, %d certificate serials", self.path, len(self.identities),
+                 len(self.serials))
+
+    def refuses(self, peer: Peer) -> str | None:
+        """Why ``peer`` is denied, or None."""
+        self.refresh()
+        if str(peer.identity) in self.identities:
+            return f"identity {peer.identity} is on the denylist"
+        if peer.serial and peer.serial.lstrip("0") in self.serials:
+            return f"certificate serial {peer.serial} is on the denylist"
+        return None
+
+
+def _identity_from_cn(common_name: str) -> Identity:
+    """The compatibility mapping (``AGW_IDENTITY_FROM_CN``): CN ``gateway`` is the gateway, any other a tenant.
+
+    Weaker than SPIFFE IDs: anyone the CA issued a certificate with CN
+    ``gateway`` to is the gateway, and operators cannot be told apart.
+    """
+    if common_name in SERVICE_NAMES:
+        return Identity.service(common_name)
+    return Identity.tenant(common_name)
+
+
+class Authorizer:
+    """Decides, once per call, whether the caller may call the method."""
+
+    def __init__(self, service: str, policy: Policy, *, trust_domain: str, denylist: Denylist | None = None,
+                 identity_from_cn: bool = False, plaintext_identity: Identity | None = None,
+                 open_services: Sequence[str] = ()) -> None:
+        """
+        Args:
+            service: this service's name, for logs and metrics.
+            policy: who may call what.
+            trust_domain: the only trust domain whose identities are ours.
+            denylist: identities and serials refused whatever the policy says.
+            identity_from_cn: fall back to the certificate's CN (compatibility; weaker).
+            plaintext_identity: the identity of a caller without TLS (only the
+                gateway's AGW_INSECURE_DEV mode); None refuses such callers.
+            open_services: gRPC services any verified certificate may call (health).
+        """
+        self.service = service
+        self.policy = policy
+        self.trust_domain = trust_domain
+        self.denylist = denylist or Denylist(None)
+        self.identity_from_cn = identity_from_cn
+        self.plaintext_identity = plaintext_identity
+        self.open_services = frozenset(open_services)
+        #: Serial -> identity of the certificates seen, newest last (bounded): the server-side record of peers.
+        self.peers_seen: OrderedDict[str, str] = OrderedDict()
+        self._serials: dict[bytes, str] = {}
+
+    def authorize(self, context, method: str, span=None) -> Peer:
+        """The caller, if it may call ``method``; else raise PermissionDenied/Unauthenticated (logged, counted)."""
+        try:
+            peer = self._peer(context)
+        except Unauthenticated as exc:
+            self._refuse(method, "unauthenticated", exc.message, span)
+            raise
+        if self._open(method):
+            return peer
+        reason = self.denylist.refuses(peer)
+        if reason is None and not self.policy.allows(peer.identity, method):
+            reason = (f"{peer.identity} may not call {method} on the {self.service} service "
+                      f"(allowed: {', '.join(self.policy.patterns_for(method))})")
+        if reason is not None:
+            self._refuse(method, reason, f"{reason} [serial {peer.serial}]", span)
+            raise PermissionDenied(reason)
+        return peer
+
+    def bind(self, peer: Peer):
+        """Make ``peer`` the current caller (for :func:`caller`); returns the token to reset."""
+        return _CALLER.set(peer)
+
+    def _open(self, method: str) -> bool:
+        return method.rsplit("/", 2)[-2] in self.open_services if method.count("/") >= 2 else False
+
+    def _peer(self, context) -> Peer:
+        auth = context.auth_context()
+        if not auth.get("transport_security_type"):
+            if self.plaintext_identity is not None:
+                return Peer(self.plaintext_identity)
+            raise Unauthenticated("no client certificate; connect with mTLS and the certificate `agentgw certs` "
+                                  "issued for you")
+        pem = (auth.get("x509_pem_cert") or [b""])[0]
+        serial = self._serial(pem)
+        spiffe = auth.get("peer_spiffe_id")
+        if spiffe:
+            try:
+                identity = Identity.from_spiffe_id(spiffe[0].decode(), self.trust_domain)
+            except ValueError as exc:
+                raise Unauthenticated(f"certificate identity refused: {exc}") from None
+        else:
+            uris = [u.decode() for u in auth.get("x509_subject_alternative_name", []) if u.startswith(b"spiffe://")]
+            common_names = auth.get("x509_common_name") or []
+            if uris:
+                raise Unauthenticated(f"certificate carries {len(uris)} SPIFFE IDs; exactly one is allowed")
+            if not (self.identity_from_cn and common_names):
+                raise Unauthenticated("certificate carries no SPIFFE ID (spiffe://<trust domain>/<kind>/<name>); "
+                                      "issue it with `agentgw certs`")
+            try:
+                identity = _identity_from_cn(common_names[0].decode())
+            except ValueError as exc:
+                raise Unauthenticated(f"certificate common name refused: {exc}") from None
+        self._record(serial, identity)
+        return Peer(identity, serial)
+
+    def _serial(self, pem: bytes) -> str:
+        if not pem:
+            return ""
+        serial = self._serials.get(pem)
+        if serial is None:
+            if len(self._serials) >= 1024:  # bounded: a new connection per certificate renewal, not per call
+                self._serials.clear()
+            serial = self._serials[pem] = format(x509.load_pem_x509_certificate(pem).serial_number, "x")
+        return serial
+
+    def _record(self, serial: str, identity: Identity) -> None:
+        if not serial or serial in self.peers_seen:
+            return
+        self.peers_seen[serial] = str(identity)
+        log.info("%s: first call from %s with certificate serial %s", self.service, identity, serial)
+        while len(self.peers_seen) > 256:
+            self.peers_seen.popitem(last=False)
+
+    def _refuse(self, method: str, reason: str, detail: str, span) -> None:
+        log.warning("%s refused %s: %s", self.service, method, detail)
+        _DENIED.add(1, {"service": self.service, "rpc.method": method,
+                        "reason": "unauthenticated" if reason == "unauthenticated" else "denied"})
+        if span is not None:
+            span.add_event("authz.denied", {"agw.authz.reason": detail})

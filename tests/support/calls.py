@@ -1,0 +1,32 @@
+"""Call any method of a service by its descriptor, with an empty request: for authorization and fuzz tables."""
+
+from __future__ import annotations
+
+import grpc
+from google.protobuf import symbol_database
+from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
+
+
+def methods(service: ServiceDescriptor) -> list[MethodDescriptor]:
+    return list(service.methods)
+
+
+async def call_method(channel: grpc.aio.Channel, method: MethodDescriptor, request=None, timeout: float = 10):
+    """Invoke ``method`` with ``request`` (default: an empty message) and read it to the end; returns the responses."""
+    database = symbol_database.Default()
+    request_class = database.GetSymbol(method.input_type.full_name)
+    response_class = database.GetSymbol(method.output_type.full_name)
+    path = f"/{method.containing_service.full_name}/{method.name}"
+    request = request if request is not None else request_class()
+    serialize, deserialize = request_class.SerializeToString, response_class.FromString
+    if method.client_streaming and method.server_streaming:
+        call = channel.stream_stream(path, request_serializer=serialize, response_deserializer=deserialize)
+        return [message async for message in call(iter([request]), timeout=timeout)]
+    if method.server_streaming:
+        call = channel.unary_stream(path, request_serializer=serialize, response_deserializer=deserialize)
+        return [message async for message in call(request, timeout=timeout)]
+    if method.client_streaming:
+        call = channel.stream_unary(path, request_serializer=serialize, response_deserializer=deserialize)
+        return [await call(iter([request]), timeout=timeout)]
+    call = channel.unary_unary(path, request_serializer=serialize, response_deserializer=deserialize)
+    return [await call(request, timeout=timeout)]
