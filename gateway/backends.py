@@ -18,7 +18,7 @@ import grpc
 from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from agent.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from servicekit.channels import ChannelSpec
-from servicekit.errors import DeadlineExceeded, from_rpc_error
+from servicekit.errors import DeadlineExceeded, Unavailable, from_rpc_error
 from servicekit.tasks import cancel_and_wait
 from servicekit.telemetry import outgoing_metadata
 from servicekit.tls import CertificateFiles, ClientTls
@@ -151,6 +151,13 @@ class StartedStream:
             await self._call.write(message)
         except grpc.aio.AioRpcError as exc:  # the call had already ended: the server said why
             raise from_rpc_error(exc, backend=self._backend) from None
+        except asyncio.InvalidStateError:
+            # Ended before this write (an early call refused as UNIMPLEMENTED, say): reading gives its status.
+            try:
+                await self._call.read()
+            except grpc.aio.AioRpcError as exc:
+                raise from_rpc_error(exc, backend=self._backend) from None
+            raise Unavailable(f"{self._backend}: the call ended before its request was sent") from None
 
     def __aiter__(self) -> StartedStream:
         return self

@@ -11,13 +11,13 @@ sessions too.
 Nothing lost: the user and assistant messages are written in one transaction
 before the final event; a failed write is an error, not a final event. A
 cancelled turn stores nothing (neither the user's message nor a partial
-answer): a retry starts clean.
+answer): a retry starts clean. An idempotency key is claimed before the turn
+generates (``gateway.turn_store``), so concurrent retries get one answer.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -41,6 +41,7 @@ from gateway.history import history_window
 from gateway.sessions import parse_session_id
 from gateway.settings import GatewaySettings
 from gateway.tenancy import cache_salt_for, physical_collection
+from gateway.turn_store import Claim, StoredTurn, TurnStore
 
 _TRACER = trace.get_tracer("agent-gateway.chat")
 _METER = meter("gateway")
@@ -50,6 +51,8 @@ _STAGE = _METER.create_histogram(
     "agw.chat.stage.duration", unit="ms", description="Chat stage latencies (admission, history, retrieval, "
     "generation, persist, total), by stage.")
 _DEGRADED = _METER.create_counter("agw.chat.degraded", description="Turns answered degraded, by cause.")
+#: How much longer an idempotency claim's lease runs than the turn may (a store still in flight).
+CLAIM_LEASE_MARGIN_S = 2.0
 _ROLE = {"system": inference_pb2.ROLE_SYSTEM, "user": inference_pb2.ROLE_USER,
          "assistant": inference_pb2.ROLE_ASSISTANT, "tool": inference_pb2.ROLE_TOOL}
 
@@ -105,6 +108,8 @@ class ChatTurns:
         self.settings = settings
         self.backends = backends
         self.database = database
+        self.store = TurnStore(database)
+        self._releases: set[asyncio.Task] = set()
 
     def _validate(self, request: pb.ChatRequest) -> uuid.UUID | None:
         if not request.message.strip():
@@ -152,49 +157,50 @@ class ChatTurns:
         )
         return list((await self.backends.search(search, context)).results)
 
-    async def _replay(self, tenant: str, session_id: uuid.UUID, key: str):
-        # Scoped to the tenant like every session query: another tenant's retry
-        # with a guessed session id and key must not read the stored answer.
-        stored = await self.database.run(lambda c: c.fetchval(
-            "SELECT t.result FROM agw_turns t JOIN agw_sessions s ON s.id = t.session_id"
-            " WHERE t.session_id = $1 AND t.idempotency_key = $2 AND s.tenant = $3", session_id, key, tenant))
-        return json.loads(stored) if stored else None
+    def _claim_times(self, context) -> tuple[float, float]:
+        """(lease, wait) for an idempotency claim: as long as this turn may run, and as long as its caller waits."""
+        remaining = context.time_remaining() if context is not None else None
+        budget = self.settings.default_deadline_s if remaining is None else remaining
+        # The lease outlives the turn by a little (a store in flight), so a live holder is never taken over.
+        return budget + CLAIM_LEASE_MARGIN_S, max(0.0, budget - self.settings.deadline_margin_ms / 1000)
 
-    async def _persist(self, tenant, session_id, request, answer: str, completion_tokens: int, result_json: dict,
-                       trace_id: str) -> None:
-        # One round trip: agw_store_turn() (migrations/0002_store_turn.sql) locks the session,
-        # claims the idempotency key and appends both messages in one transaction.
-        outcome = await self.database.run(lambda connection: connection.fetchval(
-            "SELECT agw_store_turn($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9)",
-            session_id, tenant, request.idempotency_key, json.dumps(result_json),
-            request.message, estimate_tokens(request.message), answer, completion_tokens, trace_id))
-        if outcome == "not_found":
-            raise NotFound(f"session {session_id} does not exist")
+    def _release_later(self, claim: Claim) -> None:
+        """Give up a claim even while this turn is being cancelled (the release must not be cancelled with it)."""
+        task = asyncio.ensure_future(self.store.release(claim))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
 
     async def run(self, tenant: str, request: pb.ChatRequest, context, admitted_at: float, clock: Clock):
         session_id = self._validate(request)
         trace_id = trace_id_hex()  # the call's server span, opened by the edge interceptor
         timings = pb.StageTimings(admission_ms=(admitted_at - clock.started) * 1000)
 
+        claim = None
         if session_id is not None and request.idempotency_key:
-            stored = await self._replay(tenant, session_id, request.idempotency_key)
-            if stored is not None:
-                yield pb.ChatResponse(delta=pb.TokenDelta(text=stored["text"]))
-                final = pb.TurnSummary()
-                final.ParseFromString(bytes.fromhex(stored["final"]))
-                final.replayed = True
-                yield pb.ChatResponse(final=final)
+            lease_s, wait_s = self._claim_times(context)
+            owned = await self.store.claim(tenant, session_id, request, lease_s=lease_s, wait_s=wait_s)
+            if isinstance(owned, StoredTurn):  # answered before, or by a concurrent turn we waited for
+                yield pb.ChatResponse(delta=pb.TokenDelta(text=owned.text))
+                yield pb.ChatResponse(final=owned.final)
                 return
+            claim = owned
 
         turn = _Turn(request, tenant, timings, request.system_prompt or self.settings.default_system_prompt)
         call = GenerationCall(self.backends, context)
+        stored = False
         try:
-            await self._stages(turn, session_id, call, context)
-            async for event in self._generate(turn, call, context, clock):
-                yield event
+            try:
+                await self._stages(turn, session_id, call, context)
+                async for event in self._generate(turn, call, context, clock):
+                    yield event
+            finally:
+                call.close()
+            final = await self._finish(turn, session_id, trace_id, clock, claim)
+            stored = True
         finally:
-            call.close()
-        yield pb.ChatResponse(final=await self._finish(turn, session_id, trace_id, clock))
+            if claim is not None and not stored:
+                self._release_later(claim)
+        yield pb.ChatResponse(final=final)
 
     async def _stages(self, turn: _Turn, session_id: uuid.UUID | None, call: GenerationCall, context) -> None:
         """History and retrieval at once, each within its budget, while the inference call opens."""
@@ -306,7 +312,8 @@ class ChatTurns:
             span.end()
         turn.timings.generation_ms = clock.ms(generation_started)
 
-    async def _finish(self, turn: _Turn, session_id: uuid.UUID | None, trace_id: str, clock: Clock) -> pb.TurnSummary:
+    async def _finish(self, turn: _Turn, session_id: uuid.UUID | None, trace_id: str, clock: Clock,
+                      claim: Claim | None) -> pb.TurnSummary:
         """The final event, once the turn is stored (a failed write raises: no final event)."""
         result, timings = turn.result, turn.timings
         answer = "".join(turn.pieces)
@@ -320,8 +327,10 @@ class ChatTurns:
             timings.persist_ms = 0.0
             final.timings.CopyFrom(timings)
             with _TRACER.start_as_current_span("persist"):
-                await self._persist(turn.tenant, session_id, turn.request, answer, final.usage.completion_tokens,
-                                    {"text": answer, "final": final.SerializeToString().hex()}, trace_id)
+                # One round trip: the messages, the key's result and the end of its claim, in one transaction.
+                await self.store.store(turn.tenant, session_id, turn.request, claim, answer=answer,
+                                       completion_tokens=final.usage.completion_tokens, final=final,
+                                       trace_id=trace_id, user_tokens=estimate_tokens(turn.request.message))
             timings.persist_ms = clock.ms(persist_started)
         timings.total_ms = clock.ms()
         final.timings.CopyFrom(timings)

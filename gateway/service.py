@@ -50,20 +50,22 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
     def _tenant(self, context) -> str:
         return current_tenant()
 
-    def _admit(self, slot: ExitStack) -> None:
+    def _admit(self, slot: ExitStack, tenant: str) -> None:
         """Take an admission slot for the call's duration (held by ``slot``), or refuse now; traced."""
         with tracer.start_as_current_span("admission", attributes={
             "agw.admission.in_flight": self.admission.in_flight,
             "agw.admission.max_in_flight": self.admission.max_in_flight,
+            "agw.admission.tenant_in_flight": self.admission.tenants.get(tenant, 0),
+            "agw.admission.tenant_bound": self.admission.tenant_bound(tenant),
         }):
-            slot.enter_context(self.admission.admit())
+            slot.enter_context(self.admission.admit(tenant))
 
     async def Generate(self, request, context):
         tenant = self._tenant(context)
         # The request is ours to change: no copy of the prompt.
         request.request.cache_salt = cache_salt_for(self.settings.prefix_cache, tenant, request.request.cache_salt)
         with ExitStack() as slot:
-            self._admit(slot)
+            self._admit(slot, tenant)
             async for message in self.backends.generate(request.request, context):
                 yield pb.GenerateResponse(response=message)
 
@@ -135,7 +137,7 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
         clock = Clock(time.perf_counter())
         tenant = self._tenant(context)
         with ExitStack() as slot:
-            self._admit(slot)  # held for the whole turn
+            self._admit(slot, tenant)  # held for the whole turn
             admitted_at = time.perf_counter()
             async for event in self.turns.run(tenant, request, context, admitted_at, clock):
                 yield event
@@ -190,7 +192,8 @@ class GatewayApp:
             log.warning("AGW_INSECURE_DEV=1: the gateway serves PLAINTEXT with NO client authentication.")
             log.warning("Every caller is tenant 'dev'. Never use this outside a development machine.")
             log.warning("!" * 72)
-        self.admission = Admission(settings.max_in_flight)
+        self.admission = Admission(settings.max_in_flight, per_tenant=settings.max_in_flight_per_tenant,
+                                   weights=settings.tenant_weight_map)
         self.servicer = GatewayServicer(settings, self.admission)
 
     def register(self, server) -> None:

@@ -42,6 +42,12 @@ class GatewaySettings(ServiceSettings):
     default_deadline_s: float = Field(30.0, gt=0, description="Backend deadline when the caller set none.")
     deadline_margin_ms: float = Field(20.0, ge=0, description="Taken off the caller's deadline for backend calls.")
     max_in_flight: int = Field(64, gt=0, description="Streams in flight per process before RESOURCE_EXHAUSTED.")
+    max_in_flight_per_tenant: int | None = Field(
+        None, ge=0, description="Streams one tenant may hold per process (times its weight) before RESOURCE_EXHAUSTED; "
+        "default half of max_in_flight; 0: no per-tenant bound.")
+    tenant_weights: str = Field(
+        "", description="Per-tenant weights for the bound above, as name=weight pairs (acme=4,beta=1); "
+        "unlisted tenants weigh 1.")
     max_inference_waiting: int = Field(
         0, ge=0, description="Also refuse when the inference queue holds this many (0: do not look)."
     )
@@ -78,6 +84,27 @@ class GatewaySettings(ServiceSettings):
         "You are a helpful assistant. Answer from the context when it is relevant.",
         description="System prompt when a request sends none; keep it stable so its KV is reused.",
     )
+
+    @model_validator(mode="after")
+    def _derive_tenant_bound(self) -> GatewaySettings:
+        if self.max_in_flight_per_tenant is None:
+            object.__setattr__(self, "max_in_flight_per_tenant", max(1, self.max_in_flight // 2))
+        self.tenant_weight_map  # parse now: a bad value fails at start, naming the variable
+        return self
+
+    @property
+    def tenant_weight_map(self) -> dict[str, float]:
+        weights = {}
+        for pair in filter(None, (p.strip() for p in self.tenant_weights.split(","))):
+            name, sep, value = pair.partition("=")
+            try:
+                weight = float(value)
+            except ValueError:
+                weight = -1.0
+            if not sep or not name.strip() or not weight > 0:
+                raise ValueError(f"AGW_GATEWAY_TENANT_WEIGHTS: {pair!r} is not tenant=weight with a weight above 0")
+            weights[name.strip()] = weight
+        return weights
 
     @model_validator(mode="after")
     def _check_history_window(self) -> GatewaySettings:

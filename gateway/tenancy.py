@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import re
 
-from servicekit.authz import PermissionDenied, caller
-from servicekit.errors import InvalidArgument
+from servicekit.authz import caller
+from servicekit.errors import InvalidArgument, PermissionDenied
 from servicekit.identity import DEFAULT_TENANT, Identity
 
 _COLLECTION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")

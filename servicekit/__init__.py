@@ -8,14 +8,17 @@ re-exports; the code lives in the submodules.
 
 from servicekit.channels import ChannelNotReady, ChannelSpec, RetryPolicy, open_channel, service_config, wait_ready
 from servicekit.errors import (
+    Aborted,
     AlreadyExists,
     DeadlineExceeded,
     FailedPrecondition,
     Internal,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
     ResourceExhausted,
     ServiceError,
+    Unauthenticated,
     Unavailable,
     Unimplemented,
     from_rpc_error,
@@ -27,6 +30,7 @@ from servicekit.settings import Port, ServiceSettings, SettingsError, deployment
 from servicekit.tls import CertificateFiles, ClientTls, ServerTls, TlsConfigError
 
 __all__ = [
+    "Aborted",
     "AlreadyExists",
     "ChannelNotReady",
     "ChannelSpec",
@@ -41,6 +45,7 @@ __all__ = [
     "InvalidArgument",
     "KeepalivePolicy",
     "NotFound",
+    "PermissionDenied",
     "Port",
     "ResourceExhausted",
     "RetryPolicy",
@@ -49,6 +54,7 @@ __all__ = [
     "ServiceApp",
     "ServiceError",
     "ServiceSettings",
+    "Unauthenticated",
     "SettingsError",
     "TlsConfigError",
     "Unavailable",

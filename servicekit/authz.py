@@ -33,24 +33,15 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 from cryptography import x509
 
-from servicekit.errors import ServiceError
+from servicekit.errors import PermissionDenied, Unauthenticated
 from servicekit.identity import SERVICE_NAMES, Identity, check_identity_pattern
 from servicekit.metrics import meter
 
 log = logging.getLogger(__name__)
 _DENIED = meter("servicekit").create_counter(
     "agw.authz.denied", description="Calls refused by authorization, by service, method and reason.")
-
-
-class PermissionDenied(ServiceError):
-    code = grpc.StatusCode.PERMISSION_DENIED
-
-
-class Unauthenticated(ServiceError):
-    code = grpc.StatusCode.UNAUTHENTICATED
 
 
 @dataclass(frozen=True)
@@ -203,7 +194,7 @@ class Authorizer:
 
     def _peer(self, context) -> Peer:
         auth = context.auth_context()
-        if not auth.get("transport_security_type"):
+        if auth.get("transport_security_type") != [b"ssl"]:  # plaintext ("insecure") or none
             if self.plaintext_identity is not None:
                 return Peer(self.plaintext_identity)
             raise Unauthenticated("no client certificate; connect with mTLS and the certificate `agentgw certs` "

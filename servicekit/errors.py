@@ -57,6 +57,24 @@ class AlreadyExists(ServiceError):
     code = grpc.StatusCode.ALREADY_EXISTS
 
 
+class PermissionDenied(ServiceError):
+    """The caller's verified identity may not call this method (or is on the denylist)."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class Unauthenticated(ServiceError):
+    """The caller presented no usable identity (no certificate, no SPIFFE ID, another trust domain)."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class Aborted(ServiceError):
+    """The call lost a concurrency race (another turn holds its idempotency key); retry it."""
+
+    code = grpc.StatusCode.ABORTED
+
+
 class FailedPrecondition(ServiceError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
@@ -102,7 +120,8 @@ class Unimplemented(ServiceError):
 
 _BY_CODE: dict[grpc.StatusCode, type[ServiceError]] = {
     cls.code: cls
-    for cls in (NotFound, AlreadyExists, FailedPrecondition, Unavailable, DeadlineExceeded, Internal, Unimplemented)
+    for cls in (NotFound, AlreadyExists, FailedPrecondition, Unavailable, DeadlineExceeded, Internal, Unimplemented,
+                Aborted)
 }
 
 

@@ -122,6 +122,7 @@ async def test_a_retry_racing_its_original_stores_the_turn_once(stub):
     request = dict(session_id=session, message="Only once, please.", idempotency_key="racing")
     finals = [final for _, final in await asyncio.gather(_turn(stub, **request), _turn(stub, **request))]
     assert all(final.usage.completion_tokens == 8 for final in finals)
+    assert sorted(final.replayed for final in finals) == [False, True]  # one generated; the other waited for it
     messages = (await stub.ListMessages(pb.ListMessagesRequest(session_id=session), timeout=5)).messages
     assert [m.content for m in messages][:1] == ["Only once, please."] and len(messages) == 2
 
@@ -327,22 +328,23 @@ async def test_a_sessions_history_is_tokenized_while_retrieval_runs(stub, otlp):
     assert 0 < ahead < prompt_tokens == second.usage.prompt_tokens
 
 
-async def _inference_channels(stub) -> tuple[int, list[int]]:
-    """The gateway's inference pool: calls made so far, and calls in flight per channel."""
-    stats = await stub.GetStats(pb.GetStatsRequest(), timeout=5)
+async def _inference_channels(port: int, pki) -> tuple[int, list[int]]:
+    """The gateway's inference pool: calls made so far, and calls in flight per channel (GetStats, as an operator)."""
+    async with gateway_stub(port, pki.root, identity="operator/admin") as operator:
+        stats = await operator.GetStats(pb.GetStatsRequest(), timeout=5)
     channels = next(backend for backend in stats.backends if backend.name == "inference").channels
     return sum(c.calls for c in channels), [c.in_flight for c in channels]
 
 
-async def test_a_turn_failing_before_it_generates_closes_its_early_inference_call(stub):
+async def test_a_turn_failing_before_it_generates_closes_its_early_inference_call(stub, gateway, pki):
     # The turn's inference call is opened while history and retrieval run
     # (AGW_GATEWAY_OPEN_GENERATE_EARLY); a turn that fails there must end it.
-    calls_before, _ = await _inference_channels(stub)
+    calls_before, _ = await _inference_channels(gateway.port, pki)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await _turn(stub, session_id=str(uuid.uuid4()), message="Is anyone there?")
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
     for _ in range(20):  # the gateway's cleanup runs as the call ends; give it its turn
-        calls_after, in_flight = await _inference_channels(stub)
+        calls_after, in_flight = await _inference_channels(gateway.port, pki)
         if not any(in_flight):
             break
         await asyncio.sleep(0.1)
@@ -360,9 +362,9 @@ async def test_turns_fall_back_to_generate_where_the_inference_service_lacks_ope
             async with gateway_stub(gw.port, pki.root) as stub:
                 calls = []
                 for _ in range(2):
-                    calls_before, _ = await _inference_channels(stub)
+                    calls_before, _ = await _inference_channels(gw.port, pki)
                     events, final = await _turn(stub, message="Hello?")
-                    calls_after, in_flight = await _inference_channels(stub)
+                    calls_after, in_flight = await _inference_channels(gw.port, pki)
                     assert "".join(e.delta.text for e in events if e.WhichOneof("event") == "delta") == "t0 t1 t2 "
                     assert not final.degraded and not any(in_flight)
                     calls.append(calls_after - calls_before)

@@ -45,6 +45,13 @@ async def stub(gateway, pki):
 
 
 @pytest.fixture(scope="module")
+async def operator(gateway, pki):
+    """The gateway as an operator sees it (GetStats serves operators only)."""
+    async with gateway_stub(gateway[0].port, pki.root, identity="operator/admin") as stub:
+        yield stub
+
+
+@pytest.fixture(scope="module")
 async def docs(stub):
     """The dev tenant's collection 'docs', ingested through the gateway."""
     passages = sample_corpus(max_per_topic=2)[:60]
@@ -91,7 +98,7 @@ async def test_retrieve_passes_through_scoped_to_the_tenant(stub, docs):
     assert response.results and set(response.results[0].payload.keys()) == {"topic"}
 
 
-async def test_thousands_of_calls_use_exactly_m_connections(stub, docs, retrieval, gateway):
+async def test_thousands_of_calls_use_exactly_m_connections(stub, operator, docs, retrieval, gateway):
     _, recorder = retrieval
     # A vector query: the backend's work is one cheap search, so the calls are
     # about the transport, not the embedder.
@@ -107,14 +114,14 @@ async def test_thousands_of_calls_use_exactly_m_connections(stub, docs, retrieva
 
     await asyncio.gather(*(one() for _ in range(1000)))
     assert len(recorder.peers) == M, f"backend saw {len(recorder.peers)} client connections: {recorder.peers}"
-    stats = await stub.GetStats(pb.GetStatsRequest(), timeout=5)
+    stats = await operator.GetStats(pb.GetStatsRequest(), timeout=5)
     pool = next(b for b in stats.backends if b.name == "retrieval")
     assert [c.connections_ready for c in pool.channels] == [1] * M  # one TLS handshake per channel, ever
     assert sum(c.calls for c in pool.channels) >= 2000
     assert min(c.calls for c in pool.channels) > 0  # both channels carry load
 
 
-async def test_generate_passes_through_on_m_connections(stub, inference_service):
+async def test_generate_passes_through_on_m_connections(stub, operator, inference_service):
     messages = [m async for m in stub.Generate(_generate(8), timeout=30)]
     result = messages[-1].response.result
     assert result.usage.completion_tokens == 8
@@ -128,7 +135,7 @@ async def test_generate_passes_through_on_m_connections(stub, inference_service)
             pass
     opened = established_peers(inference_service.port) - before
     assert not opened, f"50 calls opened {len(opened)} new connections to the inference service"
-    stats = await stub.GetStats(pb.GetStatsRequest(), timeout=5)
+    stats = await operator.GetStats(pb.GetStatsRequest(), timeout=5)
     pool = next(b for b in stats.backends if b.name == "inference")
     assert [c.connections_ready for c in pool.channels] == [1] * M  # one TLS handshake per channel, ever
     assert sum(c.calls for c in pool.channels) >= 51
@@ -181,7 +188,7 @@ async def test_deadline_reaches_the_backend(stub, engine):
 async def test_admission_refuses_past_its_bound_at_once(retrieval, inference_service, pki, database_url, recorded_spans):
     async with gateway_server(pki.root, inference_service.port, retrieval[0], max_in_flight=4, database_url=database_url) as (running, _):
         async with gateway_stub(running.port, pki.root) as small:
-            await small.GetStats(pb.GetStatsRequest(), timeout=5)  # connect first: time the admission, not TLS
+            await small.CreateSession(pb.CreateSessionRequest(), timeout=5)  # connect first: time admission, not TLS
 
             async def stream():
                 started = time.monotonic()
@@ -215,11 +222,11 @@ async def test_admission_refuses_past_its_bound_at_once(retrieval, inference_ser
 
 
 async def test_client_without_certificate_is_refused(gateway, pki):
-    credentials = grpc.ssl_channel_credentials(root_certificates=pki.layout.ca_cert.read_bytes())
+    credentials = grpc.ssl_channel_credentials(root_certificates=pki.ca.cert.read_bytes())
     async with grpc.aio.secure_channel(f"127.0.0.1:{gateway[0].port}", credentials) as channel:
         stub = pb_stub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await stub.GetStats(pb.GetStatsRequest(), timeout=3)
+            await stub.CreateSession(pb.CreateSessionRequest(), timeout=3)
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
 
 

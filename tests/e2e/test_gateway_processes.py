@@ -94,7 +94,7 @@ async def test_workers_share_one_port(tmp_path, pki, inference_service, database
             while len(pids) < 2:
                 assert time.monotonic() < deadline, f"saw workers {pids}"
                 try:  # a fresh connection each time: the kernel spreads connections over the workers
-                    async with gateway_stub(port, pki.root) as stub:
+                    async with gateway_stub(port, pki.root, identity="operator/admin") as stub:
                         pids.add((await stub.GetStats(pb.GetStatsRequest(), timeout=2)).worker_pid)
                 except grpc.aio.AioRpcError:
                     await asyncio.sleep(0.2)
@@ -115,6 +115,7 @@ async def test_insecure_dev_mode_serves_plaintext_as_tenant_dev(tmp_path, pki, i
                 assert (await stub.Retrieve(CHEAP, timeout=5)).response.results
             # Plaintext only: a TLS client cannot talk to it.
             async with gateway_stub(running.port, pki.root) as tls_stub:
-                with pytest.raises(grpc.aio.AioRpcError):
-                    await tls_stub.GetStats(pb.GetStatsRequest(), timeout=2)
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await tls_stub.CreateSession(pb.CreateSessionRequest(), timeout=2)
+                assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "AGW_INSECURE_DEV=1: the gateway serves PLAINTEXT" in caplog.text

@@ -47,9 +47,14 @@ def parse_script(prompt: str) -> tuple[int, float, int]:
 class ScriptedInference(inference_pb2_grpc.InferenceServicer):
     def __init__(self) -> None:
         self.closed: list[str] = []
+        #: Generate calls started (Chat turns that reached the engine).
+        self.generations = 0
 
     async def Generate(self, request, context):
-        tokens, delay, pad = parse_script(request.prompt)
+        # A plain prompt is the script; a chat's script is its last message (the user's, through Chat).
+        script = request.chat.messages[-1].content if request.HasField("chat") else request.prompt
+        tokens, delay, pad = parse_script(script.rsplit("Question: ", 1)[-1])
+        self.generations += 1
         try:
             for index in range(tokens):
                 if index:

@@ -79,3 +79,31 @@ def test_deadlines_take_the_callers_remaining_time_less_a_margin():
     assert deadlines.for_call(_Context(0.3)) == pytest.approx(0.28)
     with pytest.raises(DeadlineExceeded):
         deadlines.for_call(_Context(0.01))
+
+
+def test_a_tenant_past_its_share_is_refused_while_others_are_admitted():
+    admission = Admission(max_in_flight=10, retry_after_s=0.1, per_tenant=2, weights={"acme": 2.0, "tiny": 0.1})
+    assert (admission.tenant_bound("beta"), admission.tenant_bound("acme"), admission.tenant_bound("tiny")) == (2, 4, 1)
+    with admission.admit("beta"), admission.admit("beta"):
+        with pytest.raises(ResourceExhausted) as caught:
+            with admission.admit("beta"):
+                pass
+        assert "tenant beta has 2 streams in flight" in caught.value.message
+        assert "AGW_GATEWAY_MAX_IN_FLIGHT_PER_TENANT=2 x weight 1" in caught.value.message
+        assert caught.value.retry_after_s == 0.1
+        with admission.admit("acme"), admission.admit("acme"), admission.admit("acme"):  # weight 2: four slots
+            assert admission.tenants == {"beta": 2, "acme": 3}
+    assert admission.tenants == {} and admission.in_flight == 0
+    assert (admission.admitted, admission.rejected) == (5, 1)
+
+
+def test_tenant_weights_are_parsed_and_checked():
+    from gateway.settings import GatewaySettings
+    from servicekit.settings import SettingsError, load_settings
+
+    settings = load_settings(GatewaySettings, tenant_weights="acme=4, beta=0.5", max_in_flight=10)
+    assert settings.tenant_weight_map == {"acme": 4.0, "beta": 0.5}
+    assert settings.max_in_flight_per_tenant == 5  # half the process's bound unless set
+    for bad in ("acme", "acme=0", "=2", "acme=four"):
+        with pytest.raises(SettingsError, match="AGW_GATEWAY_TENANT_WEIGHTS"):
+            load_settings(GatewaySettings, tenant_weights=bad)
