@@ -72,7 +72,7 @@ class Backends:
                 return await getattr(pooled.stub(stub_class), method)(
                     request, timeout=timeout, metadata=outgoing_metadata())
             except grpc.aio.AioRpcError as exc:
-                raise from_rpc_error(exc, backend=pool.describe()) from None
+                raise from_rpc_error(exc, backend=pool.name, where=pool.target) from None
 
     async def search(self, request: retrieval_pb2.SearchRequest, context) -> retrieval_pb2.SearchResponse:
         return await self._unary(self.retrieval, retrieval_pb2_grpc.RetrievalStub, "Search", request, context)
@@ -98,7 +98,7 @@ class Backends:
         pooled = slot.enter_context(self.inference.use())
         call = getattr(pooled.stub(inference_pb2_grpc.InferenceStub), method)(
             *request, timeout=timeout, metadata=outgoing_metadata())
-        return StartedStream(call, slot, self.inference.describe())
+        return StartedStream(call, slot, self.inference.name, self.inference.target)
 
     def start_generate(self, request: inference_pb2.GenerateRequest, context) -> StartedStream:
         """Start a Generate call now: it goes out the next time the event loop runs.
@@ -133,10 +133,11 @@ class StartedStream:
     works even if it was never iterated.
     """
 
-    def __init__(self, call, slot: ExitStack, backend: str) -> None:
+    def __init__(self, call, slot: ExitStack, backend: str, where: str) -> None:
         self._call = call
         self._slot = slot
         self._backend = backend
+        self._where = where
 
     async def send_prefix(self, messages: list[inference_pb2.ChatMessage]) -> None:
         """The first messages of the chat to come, on a call from :meth:`Backends.open_generate` (at most once, first)."""
@@ -150,14 +151,14 @@ class StartedStream:
         try:
             await self._call.write(message)
         except grpc.aio.AioRpcError as exc:  # the call had already ended: the server said why
-            raise from_rpc_error(exc, backend=self._backend) from None
+            raise from_rpc_error(exc, backend=self._backend, where=self._where) from None
         except asyncio.InvalidStateError:
             # Ended before this write (an early call refused as UNIMPLEMENTED, say): reading gives its status.
             try:
                 await self._call.read()
             except grpc.aio.AioRpcError as exc:
-                raise from_rpc_error(exc, backend=self._backend) from None
-            raise Unavailable(f"{self._backend}: the call ended before its request was sent") from None
+                raise from_rpc_error(exc, backend=self._backend, where=self._where) from None
+            raise Unavailable(f"the {self._backend} service ended the call before its request was sent") from None
 
     def __aiter__(self) -> StartedStream:
         return self
@@ -168,7 +169,7 @@ class StartedStream:
         try:
             message = await self._call.read()
         except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc, backend=self._backend) from None
+            raise from_rpc_error(exc, backend=self._backend, where=self._where) from None
         if message is grpc.aio.EOF:
             raise StopAsyncIteration
         return message

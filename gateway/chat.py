@@ -18,6 +18,7 @@ generates (``gateway.turn_store``), so concurrent retries get one answer.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from gateway.settings import GatewaySettings
 from gateway.tenancy import cache_salt_for, physical_collection
 from gateway.turn_store import Claim, StoredTurn, TurnStore
 
+log = logging.getLogger(__name__)
 _TRACER = trace.get_tracer("agent-gateway.chat")
 _METER = meter("gateway")
 _FIRST_TOKEN = _METER.create_histogram(
@@ -112,11 +114,9 @@ class ChatTurns:
         self._releases: set[asyncio.Task] = set()
 
     def _validate(self, request: pb.ChatRequest) -> uuid.UUID | None:
+        # Sizes were checked at the edge (gateway.bounds); these are the turn's own rules.
         if not request.message.strip():
             raise InvalidArgument("message", "is empty; send the user's message")
-        if len(request.message) > self.settings.max_message_chars:
-            raise InvalidArgument("message", f"is {len(request.message)} characters; the limit is "
-                                  f"{self.settings.max_message_chars} (AGW_GATEWAY_MAX_MESSAGE_CHARS)")
         if request.idempotency_key and not request.session_id:
             raise InvalidArgument("idempotency_key", "needs a session_id: stateless turns store nothing to replay")
         return parse_session_id(request.session_id) if request.session_id else None
@@ -230,18 +230,27 @@ class ChatTurns:
         if history_error is not None:
             if isinstance(history_error, (NotFound, InvalidArgument)):
                 raise history_error
-            raise Unavailable(f"session history unavailable; the turn was not run ({history_error or 'timed out'})")
+            cause = getattr(history_error, "internal", "") or str(history_error or "timed out")
+            raise Unavailable("session history unavailable; the turn was not run, retry shortly",
+                              internal=f"history: {cause}")
         turn.history, trimmed = history
         if retrieval_error is not None:
             timed_out = isinstance(retrieval_error, TimeoutError)
-            # The caller's own mistake (a bad collection name here, a top_k past
-            # the cap or a bad filter at the retrieval service) fails the turn:
-            # degrading would hide it. A backend's INVALID_ARGUMENT arrives as a
-            # ServiceError with that code, not as an InvalidArgument.
-            client_fault = getattr(retrieval_error, "code", None) == grpc.StatusCode.INVALID_ARGUMENT
-            if client_fault or self.settings.fail_on_retrieval_error:
+            code = getattr(retrieval_error, "code", None)
+            # The caller's own mistake fails the turn, before any token: degrading
+            # would hide it. A collection the tenant does not have is NOT_FOUND; a
+            # bad name here, or a top_k past the cap or a bad filter at the
+            # retrieval service, INVALID_ARGUMENT (a backend's arrives as a
+            # ServiceError with that code).
+            if code == grpc.StatusCode.NOT_FOUND:
+                raise NotFound(f"retrieval.collection: the tenant has no collection "
+                               f"{turn.request.retrieval.collection!r}; ingest into it first") from None
+            if code == grpc.StatusCode.INVALID_ARGUMENT or self.settings.fail_on_retrieval_error:
                 raise Unavailable("retrieval timed out") if timed_out else retrieval_error
-            reason = f"timed out after {self.settings.retrieval_budget_s:g}s" if timed_out else f"failed: {retrieval_error}"
+            # Only an outage or a timeout degrades the turn. The client learns what was missing,
+            # not why inside (that is in the log and on the retrieval span).
+            reason = "timed out" if timed_out else "unavailable"
+            log.warning("turn degraded, no context: retrieval %s (%s)", reason, retrieval_error or "budget spent")
             turn.degraded.append(f"no context: retrieval {reason}")
         else:
             turn.documents = documents

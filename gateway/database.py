@@ -121,7 +121,8 @@ class Database:
                 f"(pool max {self.pool.get_max_size()}); retry shortly"
             ) from exc
         except CONNECTION_ERRORS as exc:
-            raise Unavailable(f"session store unavailable: {type(exc).__name__}: {exc}") from exc
+            raise Unavailable("the session store is unavailable; retry shortly",
+                              internal=f"postgres: {type(exc).__name__}: {exc}") from exc
 
 
 async def embedded_postgres_url(pgdata) -> str:
@@ -143,14 +144,14 @@ async def embedded_postgres_url(pgdata) -> str:
 
 @asynccontextmanager
 async def open_database(url: str, *, min_size: int, max_size: int, acquire_timeout_s: float,
-                        command_timeout_s: float, statement_cache_size: int):
+                        command_timeout_s: float, statement_cache_size: int, password: str | None = None):
     """Create the pool (``min_size`` connections opened now), migrate, and close it on exit."""
     started = time.perf_counter()
     instrumentor = AsyncPGInstrumentor()
     if not instrumentor.is_instrumented_by_opentelemetry:
         instrumentor.instrument()  # process-wide: a span per query, under the caller's span
     pool = await asyncpg.create_pool(
-        url, min_size=min_size, max_size=max_size, command_timeout=command_timeout_s,
+        url, password=password, min_size=min_size, max_size=max_size, command_timeout=command_timeout_s,
         # 0 under pgbouncer in transaction mode, where prepared statements
         # cannot follow a client from one server connection to the next.
         statement_cache_size=statement_cache_size,

@@ -178,7 +178,8 @@ class ChannelPool:
     def use(self):
         """A channel for one call, counted while the call runs."""
         if not self.serving and all(p.state != grpc.ChannelConnectivity.READY for p in self.channels):
-            raise Unavailable(f"{self.describe()} is not serving; retry shortly")
+            raise Unavailable(f"the {self.name} service is not serving; retry shortly",
+                              internal=f"{self.describe()}: health NOT_SERVING and no channel READY")
         pooled = self.pick()
         pooled.stats.calls += 1
         pooled.stats.in_flight += 1

@@ -26,6 +26,7 @@ from servicekit.server import Health
 
 from gateway.admission import Admission
 from gateway.backends import Backends, open_backends
+from gateway.bounds import Bounds
 from gateway.chat import ChatTurns, Clock
 from gateway.convert import message_to_proto, session_to_proto
 from gateway.database import embedded_postgres_url, open_database
@@ -43,6 +44,7 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
     def __init__(self, settings: GatewaySettings, admission: Admission) -> None:
         self.settings = settings
         self.admission = admission
+        self.bounds = Bounds(settings)
         self.backends: Backends | None = None
         self.sessions: Sessions | None = None
         self.turns: ChatTurns | None = None
@@ -62,6 +64,7 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
 
     async def Generate(self, request, context):
         tenant = self._tenant(context)
+        self.bounds.generate(request)
         # The request is ours to change: no copy of the prompt.
         request.request.cache_salt = cache_salt_for(self.settings.prefix_cache, tenant, request.request.cache_salt)
         with ExitStack() as slot:
@@ -71,23 +74,43 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
 
     async def Retrieve(self, request, context):
         tenant = self._tenant(context)
+        self.bounds.retrieve(request)
         search = retrieval_pb2.SearchRequest()
         search.CopyFrom(request.request)
         # The tenant decides the collection; nothing in the request can name another tenant's.
         search.collection = physical_collection(tenant, request.request.collection, "request.collection")
-        try:
-            response = await self.backends.search(search, context)
-        except ServiceError as exc:
-            if exc.code == grpc.StatusCode.NOT_FOUND:
-                raise NotFound(f"collection {request.request.collection!r} does not exist") from None
-            raise
+        self._clamp_search(search)
+        with ExitStack() as slot:
+            self._admit(slot, tenant)
+            try:
+                response = await self.backends.search(search, context)
+            except ServiceError as exc:
+                if exc.code == grpc.StatusCode.NOT_FOUND:
+                    raise NotFound(f"collection {request.request.collection!r} does not exist") from None
+                raise
         return pb.RetrieveResponse(response=response)
+
+    def _clamp_search(self, search: retrieval_pb2.SearchRequest) -> None:
+        """A tenant's search stays on the index: exhaustive search is an operator's tool, and ef is capped."""
+        span = trace.get_current_span()
+        if search.exact:
+            search.exact = False
+            span.set_attribute("agw.retrieve.exact_clamped", True)
+        if search.HasField("hnsw_ef") and search.hnsw_ef > self.settings.max_hnsw_ef:
+            span.set_attribute("agw.retrieve.hnsw_ef_clamped_from", search.hnsw_ef)
+            search.hnsw_ef = self.settings.max_hnsw_ef
 
     async def IngestDocuments(self, request, context):
         tenant = self._tenant(context)
+        self.bounds.ingest(request)
         name = physical_collection(tenant, request.collection)
         if not request.documents:
             raise InvalidArgument("documents", "is empty; send at least one document")
+        with ExitStack() as slot:
+            self._admit(slot, tenant)
+            return await self._ingest(tenant, name, request, context)
+
+    async def _ingest(self, tenant: str, name: str, request, context) -> pb.IngestDocumentsResponse:
         created = False
         try:
             await self.backends.get_collection(name, context)
@@ -130,12 +153,18 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
             backends=backends, in_flight=self.admission.in_flight, admitted=self.admission.admitted,
             rejected=self.admission.rejected, worker_pid=os.getpid(), database=database,
             event_loop=type(asyncio.get_running_loop()).__module__.split(".")[0],
-            workers=self.settings.workers, cpu_count=os.cpu_count() or 0,
+            workers=self.settings.workers, cpu_count=os.cpu_count() or 0, limits=pb.PublicLimits(
+                max_concurrent_streams=self.settings.max_concurrent_streams,
+                max_connection_idle_ms=int(self.settings.max_connection_idle_s * 1000),
+                max_connection_age_ms=int(self.settings.max_connection_age_s * 1000),
+                max_receive_bytes=self.settings.max_receive_bytes, max_in_flight=self.settings.max_in_flight,
+                max_in_flight_per_tenant=self.settings.max_in_flight_per_tenant),
         )
 
     async def Chat(self, request, context):
         clock = Clock(time.perf_counter())
         tenant = self._tenant(context)
+        self.bounds.chat(request)
         with ExitStack() as slot:
             self._admit(slot, tenant)  # held for the whole turn
             admitted_at = time.perf_counter()
@@ -143,19 +172,23 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
                 yield event
 
     async def CreateSession(self, request, context):
+        self.bounds.create_session(request)
         session = await self.sessions.create(self._tenant(context), dict(request.metadata))
         return pb.CreateSessionResponse(session=session_to_proto(session))
 
     async def GetSession(self, request, context):
+        self.bounds.session(request)
         session = await self.sessions.get(self._tenant(context), request.session_id)
         return pb.GetSessionResponse(session=session_to_proto(session))
 
     async def ListMessages(self, request, context):
+        self.bounds.session(request)
         messages, token = await self.sessions.list_messages(
             self._tenant(context), request.session_id, request.page_size, request.page_token)
         return pb.ListMessagesResponse(messages=[message_to_proto(m) for m in messages], next_page_token=token)
 
     async def DeleteSession(self, request, context):
+        self.bounds.session(request)
         await self.sessions.delete(self._tenant(context), request.session_id)
         return pb.DeleteSessionResponse()
 
@@ -186,6 +219,7 @@ class GatewayApp:
 
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
+        self.client_trace = settings.client_trace  # tenants' trace context: servicekit.telemetry.client_context
         self.insecure = settings.insecure_dev
         if self.insecure:
             log.warning("!" * 72)
@@ -205,11 +239,11 @@ class GatewayApp:
             settings = self.settings
             url = settings.database_url or await embedded_postgres_url(settings.embedded_postgres_dir)
             database = await stack.enter_async_context(open_database(
-                url, min_size=settings.db_min_size, max_size=settings.db_max_size,
+                url, password=settings.database_password(), min_size=settings.db_min_size, max_size=settings.db_max_size,
                 acquire_timeout_s=settings.db_acquire_timeout_s, command_timeout_s=settings.db_command_timeout_s,
                 statement_cache_size=settings.db_statement_cache_size,
             ))
-            self.servicer.sessions = Sessions(database)
+            self.servicer.sessions = Sessions(database, max_per_tenant=settings.max_sessions_per_tenant)
             backends = await stack.enter_async_context(open_backends(self.settings, self.admission))
             self.servicer.turns = ChatTurns(settings, backends, database)
             _observe(backends, database, self.admission)

@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
-from servicekit.errors import InvalidArgument, NotFound
+from servicekit.errors import InvalidArgument, NotFound, ResourceExhausted
 
 from gateway.database import Database
 
@@ -63,15 +63,25 @@ def _decode_token(token: str) -> int:
 class Sessions:
     """The session store."""
 
-    def __init__(self, database: Database) -> None:
+    def __init__(self, database: Database, *, max_per_tenant: int = 100_000) -> None:
         self.database = database
+        self.max_per_tenant = max_per_tenant
 
     async def create(self, tenant: str, metadata: dict[str, str]) -> SessionRecord:
         session_id = uuid.uuid4()
+        # One statement: insert unless the tenant already holds its limit (counted through the
+        # (tenant, created_at) index, at most max_per_tenant rows). Concurrent creates at the
+        # limit may overshoot it by their number: the limit bounds growth, it is no quota ledger.
         row = await self.database.run(lambda c: c.fetchrow(
-            "INSERT INTO agw_sessions (id, tenant, metadata) VALUES ($1, $2, $3::jsonb) RETURNING created_at",
-            session_id, tenant, json.dumps(metadata),
+            "INSERT INTO agw_sessions (id, tenant, metadata) SELECT $1, $2, $3::jsonb"
+            " WHERE (SELECT count(*) FROM (SELECT 1 FROM agw_sessions WHERE tenant = $2 LIMIT $4) held) < $4"
+            " RETURNING created_at",
+            session_id, tenant, json.dumps(metadata), self.max_per_tenant,
         ))
+        if row is None:
+            raise ResourceExhausted(
+                f"tenant {tenant} holds {self.max_per_tenant} sessions, its limit "
+                "(AGW_GATEWAY_MAX_SESSIONS_PER_TENANT); delete sessions it no longer needs", retry_after_s=None)
         return SessionRecord(str(session_id), row["created_at"], dict(metadata), 0)
 
     async def get(self, tenant: str, session_id: str) -> SessionRecord:

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
 
-from servicekit.settings import Port, ServiceSettings, deployment_field, prefixed_config
+from servicekit.settings import (
+    PLACEHOLDER_SECRETS,
+    Port,
+    ServiceSettings,
+    deployment_field,
+    is_loopback,
+    prefixed_config,
+    read_secret,
+)
 
 
 class GatewaySettings(ServiceSettings):
@@ -55,13 +65,53 @@ class GatewaySettings(ServiceSettings):
     database_url: str | None = deployment_field(
         None, "database_url", description="PostgreSQL DSN; unset means a private server from the pgserver wheel."
     )
+    database_password_file: Path | None = deployment_field(
+        None, "database_password_file", description="File holding the Postgres password (a Docker or Kubernetes "
+        "secret), used with AGW_DATABASE_URL instead of a password in the URL.")
     db_min_size: int = Field(2, ge=1, description="Connections opened at start and kept.")
     db_max_size: int = Field(10, ge=1, description="Most connections per worker process.")
     db_acquire_timeout_s: float = Field(2.0, gt=0, description="Wait for a free connection before UNAVAILABLE.")
     db_command_timeout_s: float = Field(5.0, gt=0, description="Deadline of each SQL command.")
     db_statement_cache_size: int = Field(100, ge=0, description="Prepared statements per connection; 0 for pgbouncer.")
 
-    max_message_chars: int = Field(16_000, gt=0, description="Longest user message accepted by Chat.")
+    max_message_chars: int = Field(
+        16_000, gt=0, description="Longest user message (Chat), prompt or chat message content (Generate), or query "
+        "text (Retrieve), in characters.")
+    max_system_prompt_chars: int = Field(16_000, gt=0, description="Longest Chat system_prompt, in characters.")
+    max_key_chars: int = Field(
+        128, gt=0, le=128, description="Longest identifier: idempotency keys, session ids, collection and payload "
+        "field names, filter keys and keywords, document ids, request ids, cache salts, metadata keys.")
+    max_chat_messages: int = Field(256, gt=0, description="Most chat messages in one Generate request.")
+    max_token_ids: int = Field(32_768, gt=0, description="Most token ids in one Generate request.")
+    max_stop_strings: int = Field(16, gt=0, description="Most stop strings in sampling parameters.")
+    max_stop_chars: int = Field(256, gt=0, description="Longest stop string, in characters.")
+    max_filter_conditions: int = Field(32, gt=0, description="Most conditions in one search filter (must and must_not).")
+    max_payload_fields: int = Field(32, gt=0, description="Most payload field names in one request.")
+    max_vector_dims: int = Field(4096, gt=0, description="Most values in one query or document vector.")
+    max_ingest_documents: int = Field(1000, gt=0, description="Most documents in one IngestDocuments request.")
+    max_document_chars: int = Field(32_000, gt=0, description="Longest document text, in characters.")
+    max_document_payload_bytes: int = Field(16_384, gt=0, description="Largest document payload, serialised.")
+    max_metadata_entries: int = Field(32, gt=0, description="Most session metadata entries.")
+    max_metadata_bytes: int = Field(8192, gt=0, description="Largest session metadata (keys and values, UTF-8).")
+    client_trace: Literal["link", "continue"] = Field(
+        "link", description="A tenant's W3C trace context: link (a new trace per call, the client's span as a link) "
+        "or continue (one trace end to end). Either way the gateway decides sampling and drops baggage.")
+    max_hnsw_ef: int = Field(512, gt=0, description="A tenant's Retrieve hnsw_ef is capped here (exact search is "
+                             "turned off for tenants: an operator's tool).")
+    max_sessions_per_tenant: int = Field(
+        100_000, gt=0, description="Sessions one tenant may hold; past it CreateSession gets RESOURCE_EXHAUSTED.")
+    max_concurrent_streams: int = Field(
+        32, gt=0, description="Streams one client connection may hold open at once on the public port; more wait "
+        "in the client's HTTP/2 queue. With max_receive_bytes it bounds a connection's buffered requests.")
+    max_connection_idle_s: float = Field(
+        300.0, gt=0, description="A public connection with no call for this long is closed (GOAWAY).")
+    max_connection_age_s: float = Field(
+        1800.0, gt=0, description="A public connection is closed after this long (GOAWAY), so clients behind an L4 "
+        "balancer spread over new gateway processes; calls in flight get the grace below.")
+    max_connection_age_grace_s: float = Field(30.0, ge=0, description="Grace for calls in flight on an aged connection.")
+    max_receive_bytes: int = Field(
+        4 * 1024 * 1024, ge=64 * 1024, description="Largest message the public port accepts; larger ones are "
+        "refused before they are decoded (internal hops keep AGW_MAX_MESSAGE_BYTES).")
     history_messages: int = Field(50, gt=0, description="Most past messages a turn loads.")
     history_token_budget: int = Field(2048, gt=0, description="History beyond this many tokens is trimmed, oldest first.")
     history_window_step: int = Field(
@@ -84,6 +134,34 @@ class GatewaySettings(ServiceSettings):
         "You are a helpful assistant. Answer from the context when it is relevant.",
         description="System prompt when a request sends none; keep it stable so its KV is reused.",
     )
+
+    @model_validator(mode="after")
+    def _check_database_secret(self) -> GatewaySettings:
+        if self.database_url:
+            url = urlsplit(self.database_url)
+            # An empty password is "none" (trust or peer authentication), acceptable on this machine only:
+            # a Unix socket (no host, as the embedded server's URL has) or loopback.
+            local = not url.hostname or is_loopback(url.hostname)
+            if url.password is not None and (url.password.lower() in PLACEHOLDER_SECRETS or
+                                             (not url.password and not local)):
+                raise ValueError("AGW_DATABASE_URL carries an empty or placeholder password; set a real one, "
+                                 "or leave it out and use AGW_DATABASE_PASSWORD_FILE")
+        if self.database_password_file is not None:
+            self.database_password()  # readable and real, now
+        return self
+
+    def database_password(self) -> str | None:
+        """The password from AGW_DATABASE_PASSWORD_FILE, if set (read at start; ValueError if unusable)."""
+        if self.database_password_file is None:
+            return None
+        return read_secret(self.database_password_file, "AGW_DATABASE_PASSWORD_FILE")
+
+    @model_validator(mode="after")
+    def _check_insecure_dev(self) -> GatewaySettings:
+        if self.insecure_dev and not is_loopback(self.host):
+            raise ValueError(f"AGW_INSECURE_DEV serves plaintext to anyone who can reach the port, as tenant dev: "
+                             f"it is refused unless AGW_GATEWAY_HOST is loopback (got {self.host!r})")
+        return self
 
     @model_validator(mode="after")
     def _derive_tenant_bound(self) -> GatewaySettings:

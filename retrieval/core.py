@@ -18,7 +18,7 @@ from typing import Any
 from google.rpc import error_details_pb2
 from opentelemetry import trace
 
-from servicekit.errors import InvalidArgument, ServiceError, Unavailable
+from servicekit.errors import InvalidArgument, NotFound, ResourceExhausted, ServiceError, Unavailable
 from servicekit.metrics import meter
 
 from retrieval.embedder import Embedder
@@ -136,8 +136,28 @@ class RetrievalCore:
             if not field:
                 raise InvalidArgument("collection.default_payload_fields", "field names must not be empty")
         spec = replace(spec, tuned_ef=0, tuned_recall=0.0)
+        if spec.tenant:
+            held, _ = await self._tenant_usage(spec.tenant)
+            if held >= self.settings.max_collections_per_tenant:
+                raise ResourceExhausted(
+                    f"tenant {spec.tenant} holds {held} collections, its limit "
+                    "(AGW_RETRIEVAL_MAX_COLLECTIONS_PER_TENANT); delete one first", retry_after_s=None)
         await self._store(self.store.create_collection(spec))
         return spec, 0
+
+    async def _tenant_usage(self, tenant: str) -> tuple[int, int]:
+        """(collections, documents) the tenant holds. Reads every collection's metadata: in memory for
+        Qdrant Edge, one call per collection for a Qdrant server (a per-tenant bound is a coarse guard)."""
+        collections = documents = 0
+        for name in await self._store(self.store.list_collections()):
+            try:
+                spec, count = await self._store(self.store.get_collection(name))
+            except NotFound:  # deleted meanwhile
+                continue
+            if spec.tenant == tenant:
+                collections += 1
+                documents += count
+        return collections, documents
 
     async def get_collection(self, name: str) -> tuple[CollectionSpec, int]:
         check_collection_name(name, "name")
@@ -154,6 +174,14 @@ class RetrievalCore:
         spec, _ = await self.get_collection(collection)
         if not documents:
             raise InvalidArgument("documents", "is empty; send at least one document")
+        if spec.tenant:
+            _, held = await self._tenant_usage(spec.tenant)
+            # Counted as new documents (an upsert may replace some): the bound errs on the safe side.
+            if held + len(documents) > self.settings.max_documents_per_tenant:
+                raise ResourceExhausted(
+                    f"tenant {spec.tenant} holds {held} documents; {len(documents)} more would pass its limit of "
+                    f"{self.settings.max_documents_per_tenant} (AGW_RETRIEVAL_MAX_DOCUMENTS_PER_TENANT)",
+                    retry_after_s=None)
         if len(documents) > self.settings.max_upsert_documents:
             raise InvalidArgument(
                 "documents", f"{len(documents)} documents in one request; the limit is "
@@ -183,9 +211,10 @@ class RetrievalCore:
             )
 
         # Embed everything before writing anything: an embedding failure then
-        # leaves the collection untouched.
+        # leaves the collection untouched. Chunk by chunk, so queries interleave
+        # and a cancelled call stops within one chunk (Embedder.embed_documents).
         to_embed = [d for d in documents if d.vector is None]
-        vectors = iter(await self.embedder.embed([d.text for d in to_embed], self.settings.embed_batch))
+        vectors = iter(await self.embedder.embed_documents([d.text for d in to_embed], self.settings.embed_batch))
         points = [
             StoredPoint(
                 point_id=point_id(d.id),

@@ -109,7 +109,7 @@ class RetrievalApp:
         settings = self.settings
         async with AsyncExitStack() as stack:
             if settings.qdrant_url:
-                store = ServerStore.connect(settings.qdrant_url, api_key=settings.qdrant_api_key,
+                store = ServerStore.connect(settings.qdrant_url, api_key=settings.qdrant_key(),
                                             timeout_s=settings.qdrant_timeout_s)
                 log.info("store: Qdrant server at %s (gRPC preferred)", settings.qdrant_url)
             else:
@@ -117,7 +117,7 @@ class RetrievalApp:
                 log.info("store: Qdrant Edge in-process at %s", settings.edge_dir)
             stack.push_async_callback(store.close)
             embedder = await Embedder.load(settings.embed_model, settings.embed_threads, settings.embed_torch_threads,
-                                           settings.embed_query_batch)
+                                           settings.embed_query_batch, settings.embed_cache_entries)
             stack.push_async_callback(embedder.close)
             log.info("start-up: embedder warm-up took %.0f ms", await embedder.warm_up())
             self.servicer.core = RetrievalCore(store, embedder, settings)

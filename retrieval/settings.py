@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from servicekit.settings import Port, ServiceSettings, deployment_field, prefixed_config
+from servicekit.settings import Port, ServiceSettings, deployment_field, prefixed_config, read_secret
 
 
 class RetrievalSettings(ServiceSettings):
@@ -20,18 +20,31 @@ class RetrievalSettings(ServiceSettings):
         None, "qdrant_url", description="Qdrant server (gRPC preferred); unset means Qdrant Edge in-process."
     )
     qdrant_api_key: str | None = deployment_field(None, "qdrant_api_key", description="API key for the Qdrant server.")
+    qdrant_api_key_file: Path | None = deployment_field(
+        None, "qdrant_api_key_file", description="File holding the Qdrant API key (a Docker or Kubernetes secret); "
+        "instead of AGW_QDRANT_API_KEY.")
     qdrant_timeout_s: float = Field(5.0, gt=0, description="Deadline for each call to the Qdrant server.")
     embed_model: str | None = deployment_field(
         None, "embed_model", description="Local sentence-transformers model folder; default all-MiniLM-L6-v2 (bundled)."
     )
     embed_threads: int = Field(1, gt=0, description="Threads that run the embedder off the event loop.")
     embed_torch_threads: int = Field(1, gt=0, description="PyTorch intra-op threads for the embedder.")
-    embed_batch: int = Field(64, gt=0, description="Texts embedded per batch on upsert.")
+    embed_batch: int = Field(
+        64, gt=0, description="Texts embedded per pass on upsert: a query waits behind at most one such pass, and a "
+        "cancelled upsert stops after the one under way.")
+    embed_cache_entries: int = Field(
+        20_000, ge=0, description="Document vectors kept by the hash of their text (1.5 KiB each at 384 dimensions), "
+        "so a retried upsert embeds nothing twice.")
     embed_query_batch: int = Field(
         16, gt=0, description="Most concurrent search queries embedded in one forward pass (1: one pass each).")
     store_threads: int = Field(2, gt=0, description="Threads that run Qdrant Edge calls off the event loop.")
     upsert_chunk: int = Field(256, gt=0, description="Documents written per store call on upsert.")
     max_upsert_documents: int = Field(10_000, gt=0, description="Most documents in one Upsert request.")
+    max_collections_per_tenant: int = Field(
+        100, gt=0, description="Collections one tenant (Collection.tenant) may hold; past it RESOURCE_EXHAUSTED.")
+    max_documents_per_tenant: int = Field(
+        1_000_000, gt=0, description="Documents one tenant may hold across its collections; an Upsert past it is "
+        "refused with RESOURCE_EXHAUSTED.")
     trim_payloads: bool = Field(
         True, description="A Search naming no payload fields gets the collection's defaults; false: whole payloads "
         "(for debugging only: bytes and latency grow with the payload).")
@@ -40,6 +53,19 @@ class RetrievalSettings(ServiceSettings):
         1 << 20, ge=1024, description="Serialized Search response bound; results past it are cut and flagged."
     )
     default_recall_target: float = Field(0.98, gt=0, le=1, description="Recall@k TuneCollection aims for.")
+
+    def qdrant_key(self) -> str | None:
+        """The Qdrant API key: from AGW_QDRANT_API_KEY_FILE when set, else AGW_QDRANT_API_KEY."""
+        if self.qdrant_api_key_file is not None:
+            return read_secret(self.qdrant_api_key_file, "AGW_QDRANT_API_KEY_FILE")
+        return self.qdrant_api_key
+
+    @model_validator(mode="after")
+    def _check_qdrant_key(self) -> RetrievalSettings:
+        if self.qdrant_api_key_file is not None and self.qdrant_api_key:
+            raise ValueError("set AGW_QDRANT_API_KEY_FILE or AGW_QDRANT_API_KEY, not both")
+        self.qdrant_key()  # a key file must be readable and real at start
+        return self
 
     @property
     def edge_dir(self) -> Path:

@@ -8,6 +8,11 @@ exits 1 if there are any. What it holds the file to:
   service (so a renamed setting cannot leave a silently ignored variable);
 - each service listens on the port the file exposes, and every
   ``*_TARGET``/URL names a service of the file on the port it listens on;
+- nothing is published beyond the host's loopback but the gateway's public
+  port; the data stores (Postgres, Qdrant) sit on internal networks only;
+- Qdrant runs with an API key that retrieval presents, and no password is a
+  placeholder or sits in the file: Postgres reads ``POSTGRES_PASSWORD_FILE``
+  and the gateway ``AGW_DATABASE_PASSWORD_FILE``, both from secrets;
 - all our services read certificates from one ``AGW_TLS_DIR``, and each mounts,
   read-only, only its own identity's folder (``service/<name>``, as a
   ``subpath`` of the volume the certificate job writes): never the whole
@@ -145,6 +150,63 @@ def check(compose: dict) -> list[str]:
 
     problems += _check_targets(services, served, listening)
     problems += _check_certificates(services, served)
+    problems += _check_exposure(compose, served)
+    problems += _check_secrets(services, served)
+    return problems
+
+
+#: Images of the data stores, which must sit on internal networks only.
+DATA_STORES = ("postgres", "qdrant/qdrant")
+PLACEHOLDERS = ("change-me", "changeme")
+
+
+def _published(mapping) -> tuple[str, str]:
+    """(host address, what) of a ``ports`` entry; an empty address means every interface."""
+    if isinstance(mapping, dict):
+        return str(mapping.get("host_ip", "")), str(mapping.get("published", mapping.get("target")))
+    parts = str(mapping).split(":")
+    return (parts[0] if len(parts) == 3 else ""), parts[-2] if len(parts) > 1 else parts[0]
+
+
+def _check_exposure(compose: dict, served: dict) -> list[str]:
+    problems = []
+    services = compose.get("services") or {}
+    internal = {name for name, spec in (compose.get("networks") or {}).items() if (spec or {}).get("internal")}
+    for name, spec in services.items():
+        for mapping in spec.get("ports", []):
+            host, port = _published(mapping)
+            if served[name] != "gateway" and host not in ("127.0.0.1", "::1", "localhost"):
+                problems.append(f"{name}: publishes port {port} on every host interface; only the gateway's public "
+                                "port may be, bind others to 127.0.0.1")
+        image = str(spec.get("image", ""))
+        if image.startswith(DATA_STORES):
+            networks = spec.get("networks") or ["default"]
+            outside = sorted(set(networks) - internal)
+            if outside:
+                problems.append(f"{name}: a data store on network(s) {outside}, which are not internal: true")
+    return problems
+
+
+def _check_secrets(services: dict, served: dict) -> list[str]:
+    problems = []
+    for name, spec in services.items():
+        env = _environment(spec)
+        for variable, value in env.items():
+            if any(placeholder in value.lower() for placeholder in PLACEHOLDERS):
+                problems.append(f"{name}: {variable} accepts the placeholder password ({value!r})")
+        if "POSTGRES_PASSWORD" in env:
+            problems.append(f"{name}: POSTGRES_PASSWORD in the file's environment; use POSTGRES_PASSWORD_FILE "
+                            "with a secret")
+        url = env.get("AGW_DATABASE_URL", "")
+        if url and urlsplit(re.sub(r"\$\{[^}]*\}", "x", url)).password is not None:
+            problems.append(f"{name}: AGW_DATABASE_URL carries a password; use AGW_DATABASE_PASSWORD_FILE with a secret")
+        if str(spec.get("image", "")).startswith("qdrant/qdrant"):
+            where = " ".join(map(str, [*env, *(spec.get("entrypoint") or []), *(spec.get("command") or [])]))
+            if "QDRANT__SERVICE__API_KEY" not in where:
+                problems.append(f"{name}: Qdrant runs without an API key (QDRANT__SERVICE__API_KEY from a secret)")
+        if served[name] == "retrieval" and env.get("AGW_QDRANT_URL") and not (
+                env.get("AGW_QDRANT_API_KEY_FILE") or env.get("AGW_QDRANT_API_KEY")):
+            problems.append(f"{name}: AGW_QDRANT_URL without AGW_QDRANT_API_KEY_FILE: Qdrant would take anyone")
     return problems
 
 

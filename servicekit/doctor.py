@@ -148,6 +148,7 @@ class Doctor:
             "set AGW_GATEWAY_DB_MIN_SIZE >= 1 so turns do not pay for a connection, and keep "
             "AGW_GATEWAY_DB_ACQUIRE_TIMEOUT_S finite"))
         checks.append(self._loop_check("gateway", stats.event_loop))
+        checks.append(public_limits_check(stats.limits))
         cores = stats.cpu_count or 1
         checks.append(Check(
             "gateway workers against cores", Status.PASS if 1 <= stats.workers <= cores else Status.WARN,
@@ -325,6 +326,25 @@ class Doctor:
         checks += await asyncio.to_thread(self.loop_checks_from_metrics)
         checks.append(await asyncio.to_thread(self.scheduling_check))
         return checks
+
+
+def public_limits_check(limits) -> Check:
+    """The public port bounds one client and one tenant (docs/architecture.md, Security model)."""
+    problems = []
+    if not 0 < limits.max_concurrent_streams <= 1000:
+        problems.append("AGW_GATEWAY_MAX_CONCURRENT_STREAMS (1-1000)")
+    if not 0 < limits.max_receive_bytes <= 16 * 1024 * 1024:
+        problems.append("AGW_GATEWAY_MAX_RECEIVE_BYTES (at most 16 MiB)")
+    if not limits.max_connection_idle_ms or not limits.max_connection_age_ms:
+        problems.append("AGW_GATEWAY_MAX_CONNECTION_IDLE_S and _AGE_S")
+    if not limits.max_in_flight_per_tenant:
+        problems.append("AGW_GATEWAY_MAX_IN_FLIGHT_PER_TENANT (0 lets one tenant take every slot)")
+    measured = (f"{limits.max_concurrent_streams} streams/connection, {limits.max_receive_bytes // 1024} KiB/message, "
+                f"idle {limits.max_connection_idle_ms / 1000:g} s, age {limits.max_connection_age_ms / 1000:g} s, "
+                f"{limits.max_in_flight_per_tenant} of {limits.max_in_flight} in flight per tenant")
+    if problems:
+        return Check("public port bounded", Status.WARN, measured, "set " + "; ".join(problems))
+    return Check("public port bounded", Status.PASS, measured)
 
 
 def _client_context(files: IdentityFiles, *, verify: bool) -> ssl.SSLContext:

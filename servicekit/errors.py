@@ -23,19 +23,28 @@ class ServiceError(Exception):
 
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
 
-    def __init__(self, message: str, *, details: Sequence[object] = ()) -> None:
+    def __init__(self, message: str, *, details: Sequence[object] = (), internal: str = "") -> None:
+        """
+        Args:
+            message: what the caller sees: what happened and what to do, never an
+                address, a database error or a backend's own text about itself.
+            details: ``google.rpc`` detail messages sent with the status.
+            internal: what only the logs and the span get (addresses, driver
+                errors), filed under the error id the caller sees.
+        """
         super().__init__(message)
         self.message = message
         self.details = tuple(details)
+        self.internal = internal
 
-    def to_status(self) -> status_pb2.Status:
-        """The ``google.rpc.Status`` sent in the trailers."""
+    def to_status(self, message: str | None = None) -> status_pb2.Status:
+        """The ``google.rpc.Status`` sent in the trailers (with ``message`` as sent, if it differs)."""
         packed = []
         for detail in self.details:
             any_msg = any_pb2.Any()
             any_msg.Pack(detail)
             packed.append(any_msg)
-        return status_pb2.Status(code=self.code.value[0], message=self.message, details=packed)
+        return status_pb2.Status(code=self.code.value[0], message=message or self.message, details=packed)
 
 
 class InvalidArgument(ServiceError):
@@ -125,9 +134,9 @@ _BY_CODE: dict[grpc.StatusCode, type[ServiceError]] = {
 }
 
 
-def trailing_metadata(error: ServiceError) -> tuple[tuple[str, bytes], ...]:
+def trailing_metadata(error: ServiceError, message: str | None = None) -> tuple[tuple[str, bytes], ...]:
     """The trailers that carry ``error``'s rich status."""
-    return ((STATUS_DETAILS_KEY, error.to_status().SerializeToString()),)
+    return ((STATUS_DETAILS_KEY, error.to_status(message).SerializeToString()),)
 
 
 def status_details(error: grpc.aio.AioRpcError | grpc.RpcError) -> status_pb2.Status | None:
@@ -149,23 +158,40 @@ def retry_delay_s(error: grpc.RpcError) -> float | None:
     return None
 
 
-def from_rpc_error(error: grpc.aio.AioRpcError, *, backend: str) -> ServiceError:
-    """A backend's failure as our own error, keeping its code and naming the backend.
+#: Statuses whose backend text is about the caller's request, and so is the caller's to read.
+CALLER_FAULTS = frozenset({
+    grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ALREADY_EXISTS,
+    grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.RESOURCE_EXHAUSTED,
+})
 
-    The client's problems (INVALID_ARGUMENT, RESOURCE_EXHAUSTED) keep their
-    meaning; everything else keeps its code with the backend named.
+
+def from_rpc_error(error: grpc.aio.AioRpcError, *, backend: str, where: str = "") -> ServiceError:
+    """A backend's failure as our own error, keeping its code and naming the backend (not its address).
+
+    The client's problems (INVALID_ARGUMENT, NOT_FOUND, RESOURCE_EXHAUSTED, ...)
+    keep the backend's text, which is about the request; any other failure
+    tells the caller which service failed and keeps the backend's own text and
+    address for the logs (``internal``).
     """
     code = error.code()
-    message = f"{backend}: {error.details() or code.name.lower()}"
+    text = error.details() or code.name.lower()
+    internal = f"{backend} backend at {where or '?'}: {code.name}: {text}"
+    if code in CALLER_FAULTS or code == grpc.StatusCode.UNIMPLEMENTED:  # the latter: which contract it serves
+        message = f"{backend}: {text}"
+    elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        message = f"the {backend} service did not answer within the deadline"
+    else:
+        message = f"the {backend} service failed this call ({code.name}); retry shortly"
     if code == grpc.StatusCode.INVALID_ARGUMENT:
-        failure: ServiceError = ServiceError(message)
+        failure: ServiceError = ServiceError(message, internal=internal)
     elif code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         failure = ResourceExhausted(message, retry_after_s=retry_delay_s(error) or 0.1)
+        failure.internal = internal
     else:
-        failure = _BY_CODE.get(code, Internal)(message)
+        failure = _BY_CODE.get(code, Internal)(message, internal=internal)
     failure.code = code
     status = status_details(error)
-    if status is not None and code != grpc.StatusCode.RESOURCE_EXHAUSTED:
+    if status is not None and code in CALLER_FAULTS and code != grpc.StatusCode.RESOURCE_EXHAUSTED:
         failure.details = tuple(_unpack_known(status.details))
     return failure
 

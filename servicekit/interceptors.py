@@ -14,6 +14,7 @@ import asyncio
 import inspect
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Collection
 from contextlib import aclosing
 
@@ -23,9 +24,9 @@ from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
 from servicekit.authz import Authorizer
-from servicekit.errors import Internal, ServiceError, Unavailable, Unimplemented, trailing_metadata
+from servicekit.errors import Internal, InvalidArgument, ServiceError, Unavailable, Unimplemented, trailing_metadata
 from servicekit.metrics import meter
-from servicekit.telemetry import TRACE_ID_KEY, extract_context, trace_id_hex
+from servicekit.telemetry import TRACE_ID_KEY, client_context, extract_context, trace_id_hex
 
 log = logging.getLogger(__name__)
 _TRACER = trace.get_tracer("agent-gateway.servicekit")
@@ -70,15 +71,18 @@ class _ServerSpan:
     back to the caller in the ``x-trace-id`` trailer.
     """
 
-    def __init__(self, method: str, context) -> None:
-        parent = extract_context(context.invocation_metadata())
-        self.span = _TRACER.start_span(method.lstrip("/"), context=parent, kind=trace.SpanKind.SERVER,
+    def __init__(self, method: str, context, client_trace: str | None = None) -> None:
+        if client_trace is None:  # our own services call us: their context, baggage and sampling stand
+            parent, links = extract_context(context.invocation_metadata()), []
+        else:  # a caller outside the deployment: telemetry.client_context says what is kept
+            parent, links = client_context(context.invocation_metadata(), client_trace)
+        self.span = _TRACER.start_span(method.lstrip("/"), context=parent, kind=trace.SpanKind.SERVER, links=links,
                                        attributes={"rpc.system": "grpc", "rpc.method": method})
         self._token = otel_context.attach(trace.set_span_in_context(self.span, parent))
         self._task = _current_task()
         self.trace_id = trace_id_hex(self.span)
         context.set_trailing_metadata(((TRACE_ID_KEY, self.trace_id),))
-        self._method = method
+        self.method = method
         self._code = grpc.StatusCode.OK
         self._started = time.perf_counter()
 
@@ -86,11 +90,11 @@ class _ServerSpan:
         self._code = code
         self.span.set_attribute("rpc.grpc.status_code", code.value[0])
         self.span.set_status(Status(StatusCode.ERROR, f"{code.name}: {message}"))
-        _CALL_ERRORS.add(1, {"rpc.method": self._method, "rpc.grpc.status_code": code.name})
+        _CALL_ERRORS.add(1, {"rpc.method": self.method, "rpc.grpc.status_code": code.name})
 
     def end(self) -> None:
         _CALL_DURATION.record((time.perf_counter() - self._started) * 1000,
-                              {"rpc.method": self._method, "rpc.grpc.status_code": self._code.name})
+                              {"rpc.method": self.method, "rpc.grpc.status_code": self._code.name})
         self.span.end()
         # A streaming handler left suspended at a yield by a cancelled call is
         # closed later by asyncio's generator finaliser, in a task of its own:
@@ -107,10 +111,26 @@ def _current_task() -> asyncio.Task | None:
         return None
 
 
+ERROR_ID_KEY = "x-error-id"
+#: Statuses that are our failure, not the caller's: their message carries the error id to quote.
+_SERVER_FAULTS = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.UNAVAILABLE,
+                            grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.DATA_LOSS})
+
+
 async def _abort(context: grpc.aio.ServicerContext, error: ServiceError, span: _ServerSpan) -> None:
-    span.fail(error.code, error.message)
-    await context.abort(error.code, error.message,
-                        trailing_metadata=(*trailing_metadata(error), (TRACE_ID_KEY, span.trace_id)))
+    """End the call with ``error``'s status. Every error gets an id, in the trailers, the log and the span;
+    what only operators may read (``error.internal``) goes to the log and the span, never to the caller."""
+    error_id = uuid.uuid4().hex[:16]
+    message = error.message
+    if error.code in _SERVER_FAULTS:
+        message = f"{message} (error id {error_id})"
+    if error.internal:
+        log.warning("%s %s [error id %s]: %s", span.method, error.code.name, error_id, error.internal)
+        span.span.set_attribute("agw.error.internal", error.internal)
+    span.span.set_attribute("agw.error.id", error_id)
+    span.fail(error.code, message)
+    await context.abort(error.code, message, trailing_metadata=(
+        *trailing_metadata(error, message), (TRACE_ID_KEY, span.trace_id), (ERROR_ID_KEY, error_id)))
 
 
 def _unexpected(method: str, exc: Exception) -> ServiceError:
@@ -120,19 +140,54 @@ def _unexpected(method: str, exc: Exception) -> ServiceError:
     return Internal(f"internal error in {method} ({type(exc).__name__}); the server log has the traceback")
 
 
-def _admit(authorizer: Authorizer, context, method: str, span: _ServerSpan) -> None:
+class _Undecodable:
+    """What a request that failed to decode becomes, so the handler's wrapper can answer INVALID_ARGUMENT.
+
+    gRPC itself answers a deserializer's exception with UNKNOWN (or INTERNAL),
+    which tells the client nothing it can fix.
+    """
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def refuse(self) -> InvalidArgument:
+        reason = str(self.error) or type(self.error).__name__
+        return InvalidArgument("request", f"cannot be decoded as this method's request message ({reason}); "
+                                          "check the method and the message (strings must be valid UTF-8)")
+
+
+def _tolerant(deserializer):
+    if deserializer is None:
+        return None
+
+    def decode(data: bytes):
+        try:
+            return deserializer(data)
+        except Exception as exc:  # noqa: BLE001 - any decoding failure is the caller's bytes
+            return _Undecodable(exc)
+
+    return decode
+
+
+def _check_decoded(request):
+    if isinstance(request, _Undecodable):
+        raise request.refuse()
+    return request
+
+
+def _admit(edge: EdgeInterceptor, context, method: str, span: _ServerSpan) -> None:
     # The caller stays bound for the rest of the call's task (gRPC runs each
     # call in a task of its own, so nothing leaks to another call).
-    authorizer.bind(authorizer.authorize(context, method, span.span))
+    edge.authorizer.bind(edge.authorizer.authorize(context, method, span.span))
+    edge.readiness.check()
 
 
-def _wrap_unary(behavior: Callable[..., Awaitable], method: str, readiness: Readiness, authorizer: Authorizer):
+def _wrap_unary(behavior: Callable[..., Awaitable], method: str, edge: EdgeInterceptor):
     async def handler(request, context):
-        span = _ServerSpan(method, context)
+        span = _ServerSpan(method, context, edge.client_trace)
         try:
-            _admit(authorizer, context, method, span)
-            readiness.check()
-            return await behavior(request, context)
+            _admit(edge, context, method, span)
+            return await behavior(_check_decoded(request), context)
         except ServiceError as error:
             await _abort(context, error, span)
         except (grpc.aio.AbortError, grpc.RpcError):
@@ -148,13 +203,12 @@ def _wrap_unary(behavior: Callable[..., Awaitable], method: str, readiness: Read
     return handler
 
 
-def _wrap_streaming(behavior: Callable, method: str, readiness: Readiness, authorizer: Authorizer):
+def _wrap_streaming(behavior: Callable, method: str, edge: EdgeInterceptor):
     async def handler(request, context):
-        span = _ServerSpan(method, context)
+        span = _ServerSpan(method, context, edge.client_trace)
         try:
-            _admit(authorizer, context, method, span)
-            readiness.check()
-            result = behavior(request, context)
+            _admit(edge, context, method, span)
+            result = behavior(_check_decoded(request), context)
             if inspect.isasyncgen(result):
                 # aclosing: a cancelled call closes the handler's generator at
                 # once, so its cleanup (an engine abort) runs now, not at GC.
@@ -199,9 +253,17 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):
     reflection is authorized but not traced.
     """
 
-    def __init__(self, readiness: Readiness, authorizer: Authorizer, always_open: Collection[str] = ALWAYS_OPEN) -> None:
-        self._readiness = readiness
-        self._authorizer = authorizer
+    def __init__(self, readiness: Readiness, authorizer: Authorizer, always_open: Collection[str] = ALWAYS_OPEN, *,
+                 client_trace: str | None = None) -> None:
+        """
+        Args:
+            client_trace: None where every caller is one of our services (their trace
+                context stands); ``link`` or ``continue`` at a public port
+                (``telemetry.client_context``).
+        """
+        self.readiness = readiness
+        self.authorizer = authorizer
+        self.client_trace = client_trace
         self._always_open = always_open
 
     async def intercept_service(self, continuation, handler_call_details):
@@ -210,18 +272,18 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):
             return None
         method = handler_call_details.method
         service = method.rsplit("/", 2)[-2] if method.count("/") >= 2 else ""
-        authorizer = self._authorizer
         if service == HEALTH_SERVICE:
             return handler
         if service in self._always_open:
             if handler.stream_stream is None:
                 return handler
-            return handler._replace(stream_stream=_authorized_only(handler.stream_stream, method, authorizer))
-        gate = self._readiness
+            return handler._replace(stream_stream=_authorized_only(handler.stream_stream, method, self.authorizer))
+        if not handler.request_streaming:  # a streamed request is read by the handler (context.read): gRPC's own
+            handler = handler._replace(request_deserializer=_tolerant(handler.request_deserializer))
         if handler.unary_unary is not None:
-            return handler._replace(unary_unary=_wrap_unary(handler.unary_unary, method, gate, authorizer))
+            return handler._replace(unary_unary=_wrap_unary(handler.unary_unary, method, self))
         if handler.stream_unary is not None:
-            return handler._replace(stream_unary=_wrap_unary(handler.stream_unary, method, gate, authorizer))
+            return handler._replace(stream_unary=_wrap_unary(handler.stream_unary, method, self))
         if handler.unary_stream is not None:
-            return handler._replace(unary_stream=_wrap_streaming(handler.unary_stream, method, gate, authorizer))
-        return handler._replace(stream_stream=_wrap_streaming(handler.stream_stream, method, gate, authorizer))
+            return handler._replace(unary_stream=_wrap_streaming(handler.unary_stream, method, self))
+        return handler._replace(stream_stream=_wrap_streaming(handler.stream_stream, method, self))

@@ -76,7 +76,8 @@ class ServiceApp(Protocol):
     # Optional attributes, read with getattr:
     #   insecure: bool, True to listen in plaintext (only the gateway, only with AGW_INSECURE_DEV);
     #   plaintext_identity: Identity, the identity of a caller without TLS in that mode;
-    #   method_policies: {method name: identity patterns}, methods allowed to others than AGW_*_ALLOWED_CLIENTS.
+    #   method_policies: {method name: identity patterns}, methods allowed to others than AGW_*_ALLOWED_CLIENTS;
+    #   client_trace: "link" or "continue" at a public port, whose callers' trace context is not trusted.
 
     def register(self, server: grpc.aio.Server) -> None:
         """Add the servicers to ``server`` (called before it starts)."""
@@ -108,11 +109,31 @@ class RunningService:
         await self.server.stop(self.grace_s)
 
 
+#: Public-port limits a service's settings may declare (the gateway's), as gRPC server arguments.
+_PUBLIC_LIMITS = (
+    # Streams one connection may hold: one client cannot hold thousands open.
+    ("max_concurrent_streams", "grpc.max_concurrent_streams", 1),
+    # Idle and aged connections are closed with GOAWAY: no descriptor is held
+    # forever, and clients behind an L4 balancer move to new processes.
+    ("max_connection_idle_s", "grpc.max_connection_idle_ms", 1000),
+    ("max_connection_age_s", "grpc.max_connection_age_ms", 1000),
+    ("max_connection_age_grace_s", "grpc.max_connection_age_grace_ms", 1000),
+)
+#: Request headers a caller may send (gRPC's default is 8 KiB with a soft limit; this is one hard bound).
+MAX_METADATA_BYTES = 16 * 1024
+
+
 def server_options(settings: ServiceSettings) -> GrpcOptions:
     """Server arguments, each with the reason it is not gRPC's default."""
+    limits = [(option, int(getattr(settings, field) * scale))
+              for field, option, scale in _PUBLIC_LIMITS if getattr(settings, field, None) is not None]
     return [
+        *limits,
+        ("grpc.max_metadata_size", MAX_METADATA_BYTES),
         *settings.keepalive.server_options(),
-        ("grpc.max_receive_message_length", settings.max_message_bytes),
+        # A public port sets its own, smaller bound (AGW_GATEWAY_MAX_RECEIVE_BYTES);
+        # internal hops take the deployment's.
+        ("grpc.max_receive_message_length", getattr(settings, "max_receive_bytes", settings.max_message_bytes)),
         ("grpc.max_send_message_length", settings.max_message_bytes),
         # gRPC sets SO_REUSEPORT by default, so a second server on a taken
         # port starts "fine" and steals half the connections. Only the
@@ -163,7 +184,8 @@ async def running_service(
     readiness = Readiness(app.name)
     authorizer = authorizer_for(app, settings, insecure=insecure)
     server = grpc.aio.server(
-        interceptors=[*interceptors, EdgeInterceptor(readiness, authorizer)],
+        interceptors=[*interceptors, EdgeInterceptor(readiness, authorizer,
+                                                     client_trace=getattr(app, "client_trace", None))],
         options=server_options(settings),
     )
     service_names = [service.full_name for service in app.services]
@@ -276,9 +298,12 @@ def configure_logging(level: str) -> None:
 
 def run(app: ServiceApp, settings: ServiceSettings, **kwargs) -> int:
     """Run ``app`` on uvloop until signalled; the process entry point of a service."""
+    # Everything a service writes under AGW_HOME (Qdrant Edge, models, spans,
+    # port files) is its own: files 0600, folders 0700.
+    os.umask(0o077)
     configure_logging(settings.log_level)
     provider = configure_tracing(app.name)
-    configure_metrics(app.name, settings.host, settings.metrics_port)
+    configure_metrics(app.name, settings.metrics_host, settings.metrics_port)
     try:
         return uvloop.run(serve_until_signalled(app, settings, **kwargs))
     finally:

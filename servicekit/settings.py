@@ -77,6 +77,9 @@ class ServiceSettings(BaseSettings):
     metrics_port: int | None = Field(
         None, ge=0, le=65535, description="Serve Prometheus metrics on this port (/metrics); unset: no metrics endpoint."
     )
+    metrics_host: str = Field(
+        "127.0.0.1", description="Address /metrics listens on (plain HTTP, no authentication): loopback unless a "
+        "private network's scraper needs it.")
     trace_content: bool = deployment_field(
         False, "trace_content", description="Record prompt and output text on spans (AGW_TRACE_CONTENT=1); off by default."
     )
@@ -137,6 +140,33 @@ class ServiceSettings(BaseSettings):
         if ":" in host and not host.startswith("["):
             host = f"[{host}]"
         return f"{host}:{self.port}"
+
+
+#: Passwords that are placeholders, never secrets (compose's example used to carry one).
+PLACEHOLDER_SECRETS = frozenset({"change-me", "changeme", "password", "secret"})
+
+
+def read_secret(path: Path, what: str) -> str:
+    """A secret from a file (a Docker or Kubernetes secret), stripped; ValueError naming ``what`` if unusable."""
+    try:
+        value = Path(path).read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"{what}: cannot read {path}: {exc.strerror}") from None
+    if not value or value.lower() in PLACEHOLDER_SECRETS:
+        raise ValueError(f"{what}: {path} holds an empty or placeholder secret; put a real one there")
+    return value
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or "localhost") is reachable from this machine only."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def prefixed_config(service: str) -> SettingsConfigDict:

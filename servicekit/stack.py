@@ -159,6 +159,9 @@ def up() -> int:
     from retrieval.settings import RetrievalSettings
 
     _interrupt_start_up()
+    # Everything under AGW_HOME (keys, spans, logs, data) is this user's alone:
+    # files 0600, folders 0700, here and in every service started from here.
+    os.umask(0o077)
     settings = load_settings(ServiceSettings)
     progress = Progress()
     print(f"agentgw up: everything under {settings.home.resolve()}")

@@ -14,6 +14,9 @@ import socket
 from collections.abc import Iterable
 
 from opentelemetry import propagate, trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, TraceFlags
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -66,6 +69,32 @@ def extract_context(metadata: Iterable[tuple[str, str | bytes]] | None):
     """The caller's trace context from gRPC invocation metadata (W3C traceparent)."""
     carrier = {key: value for key, value in (metadata or ()) if isinstance(value, str)}
     return propagate.extract(carrier)
+
+
+#: W3C traceparent/tracestate only: what an untrusted caller may hand us (never baggage).
+_TRACECONTEXT = TraceContextTextMapPropagator()
+CLIENT_TRACE_POLICIES = ("link", "continue")
+
+
+def client_context(metadata: Iterable[tuple[str, str | bytes]] | None, policy: str) -> tuple[Context, list[Link]]:
+    """The parent and links of a span for a caller outside the deployment (a tenant at the public port).
+
+    Baggage is never taken, and the sampling decision is ours: a client's
+    ``traceparent`` with its sampled flag off cannot switch tracing off.
+
+    - ``link``: a new trace rooted at our span; the client's span is a link.
+    - ``continue``: our span joins the client's trace (same trace id, the
+      client's span as parent), sampled as our own root spans are.
+    """
+    carrier = {key: value for key, value in (metadata or ()) if isinstance(value, str)}
+    remote = trace.get_current_span(_TRACECONTEXT.extract(carrier)).get_span_context()
+    if not remote.is_valid:
+        return Context(), []
+    if policy == "link":
+        return Context(), [Link(remote)]
+    ours = SpanContext(remote.trace_id, remote.span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED),
+                       trace_state=remote.trace_state)
+    return trace.set_span_in_context(NonRecordingSpan(ours), Context()), []
 
 
 def outgoing_metadata() -> list[tuple[str, str]]:

@@ -31,7 +31,7 @@ class JsonLinesSpanExporter(SpanExporter):
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         lines = "".join(json.dumps(_to_record(span), default=str) + "\n" for span in spans)
         try:
-            descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)  # spans name tenants' data
             try:
                 os.write(descriptor, lines.encode())
             finally:

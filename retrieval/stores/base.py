@@ -145,6 +145,9 @@ class VectorStore(Protocol):
     async def get_collection(self, name: str) -> tuple[CollectionSpec, int]:
         """The collection's spec and point count; raise NotFound if missing."""
 
+    async def list_collections(self) -> list[str]:
+        """Every collection's name."""
+
     async def update_metadata(self, spec: CollectionSpec) -> None:
         """Store ``spec``'s metadata (tuned ef, default fields) with the collection."""
 

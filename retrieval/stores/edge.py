@@ -112,6 +112,9 @@ class EdgeStore:
         info = await self._run(collection.shard.info)
         return collection.spec, info.points_count
 
+    async def list_collections(self) -> list[str]:
+        return sorted(self._collections)
+
     async def update_metadata(self, spec: CollectionSpec) -> None:
         collection = self._get(spec.name)
         async with collection.write_lock:

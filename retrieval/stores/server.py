@@ -101,6 +101,10 @@ class ServerStore:
         )
         return spec, info.points_count or 0
 
+    async def list_collections(self) -> list[str]:
+        response = await self._call(self._client.get_collections())
+        return sorted(collection.name for collection in response.collections)
+
     async def update_metadata(self, spec: CollectionSpec) -> None:
         await self._call(self._client.update_collection(spec.name, metadata=spec.metadata(), timeout=self._timeout))
 

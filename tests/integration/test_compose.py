@@ -54,6 +54,21 @@ def _broken(compose: dict, change) -> list[str]:
      "gateway: mounts the CA key"),
     (lambda s: s["gateway"]["volumes"].append("./tls/ca-key.pem:/run/ca-key.pem:ro"), "gateway: mounts the CA key"),
     (lambda s: s["gateway"]["volumes"][0].update(read_only=False), "gateway: its identity folder is mounted read-write"),
+    # Safe defaults: nothing but the gateway published, stores internal, real secrets.
+    (lambda s: s["jaeger"].update(ports=["16686:16686"]), "jaeger: publishes port 16686 on every host interface"),
+    (lambda s: s["jaeger"].update(ports=[{"target": 16686, "published": 16686}]),
+     "jaeger: publishes port 16686 on every host interface"),
+    (lambda s: s["postgres"].update(networks=["internal", "edge"]), "postgres: a data store on network(s) ['edge']"),
+    (lambda s: s["qdrant"].pop("networks"), "qdrant: a data store on network(s) ['default']"),
+    (lambda s: s["qdrant"].pop("entrypoint"), "qdrant: Qdrant runs without an API key"),
+    (lambda s: s["retrieval"]["environment"].pop("AGW_QDRANT_API_KEY_FILE"),
+     "AGW_QDRANT_URL without AGW_QDRANT_API_KEY_FILE"),
+    (lambda s: s["postgres"]["environment"].update(POSTGRES_PASSWORD="${POSTGRES_PASSWORD:-change-me}"),
+     "postgres: POSTGRES_PASSWORD accepts the placeholder password"),
+    (lambda s: s["postgres"]["environment"].update(POSTGRES_PASSWORD="${POSTGRES_PASSWORD}"),
+     "use POSTGRES_PASSWORD_FILE with a secret"),
+    (lambda s: s["gateway"]["environment"].update(AGW_DATABASE_URL="postgresql://agentgw:pw@postgres:5432/agentgw"),
+     "gateway: AGW_DATABASE_URL carries a password"),
 ])
 def test_a_broken_copy_fails_naming_the_problem(compose, change, expected):
     problems = _broken(compose, change)

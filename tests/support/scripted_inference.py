@@ -49,12 +49,17 @@ class ScriptedInference(inference_pb2_grpc.InferenceServicer):
         self.closed: list[str] = []
         #: Generate calls started (Chat turns that reached the engine).
         self.generations = 0
+        #: Each Generate call's request metadata (what the gateway propagates).
+        self.metadata: list[dict] = []
 
     async def Generate(self, request, context):
         # A plain prompt is the script; a chat's script is its last message (the user's, through Chat).
         script = request.chat.messages[-1].content if request.HasField("chat") else request.prompt
         tokens, delay, pad = parse_script(script.rsplit("Question: ", 1)[-1])
         self.generations += 1
+        self.metadata.append(dict(context.invocation_metadata()))
+        if "crash" in script.split():
+            raise RuntimeError("scripted crash inside the inference service")
         try:
             for index in range(tokens):
                 if index:

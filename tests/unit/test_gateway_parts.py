@@ -107,3 +107,34 @@ def test_tenant_weights_are_parsed_and_checked():
     for bad in ("acme", "acme=0", "=2", "acme=four"):
         with pytest.raises(SettingsError, match="AGW_GATEWAY_TENANT_WEIGHTS"):
             load_settings(GatewaySettings, tenant_weights=bad)
+
+
+@pytest.mark.parametrize("url,refused", [
+    ("postgresql://agentgw:change-me@postgres:5432/agentgw", True),
+    ("postgresql://agentgw:@db.example:5432/agentgw", True),
+    ("postgresql://agentgw:s3cr3t-from-vault@postgres:5432/agentgw", False),
+    ("postgresql://postgres@127.0.0.1:5432/test", False),
+    ("postgresql://postgres:@/postgres?host=/tmp/pg", False),  # the embedded server's socket, trust auth
+])
+def test_placeholder_database_passwords_are_refused_at_start(url, refused):
+    from gateway.settings import GatewaySettings
+    from servicekit.settings import SettingsError, load_settings
+
+    if refused:
+        with pytest.raises(SettingsError, match="empty or placeholder password"):
+            load_settings(GatewaySettings, database_url=url)
+    else:
+        assert load_settings(GatewaySettings, database_url=url).database_url == url
+
+
+def test_a_password_file_must_hold_a_real_secret(tmp_path):
+    from gateway.settings import GatewaySettings
+    from servicekit.settings import SettingsError, load_settings
+
+    secret = tmp_path / "postgres_password"
+    for placeholder in ("", "change-me\n"):
+        secret.write_text(placeholder)
+        with pytest.raises(SettingsError, match="AGW_DATABASE_PASSWORD_FILE: .* holds an empty or placeholder secret"):
+            load_settings(GatewaySettings, database_password_file=secret)
+    secret.write_text("a1b2c3d4e5f6\n")
+    assert load_settings(GatewaySettings, database_password_file=secret).database_password() == "a1b2c3d4e5f6"

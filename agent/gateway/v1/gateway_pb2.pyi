@@ -272,7 +272,7 @@ class BackendStats(_message.Message):
     def __init__(self, name: _Optional[str] = ..., target: _Optional[str] = ..., serving: _Optional[bool] = ..., channels: _Optional[_Iterable[_Union[ChannelStats, _Mapping]]] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("backends", "in_flight", "admitted", "rejected", "worker_pid", "database", "event_loop", "workers", "cpu_count")
+    __slots__ = ("backends", "in_flight", "admitted", "rejected", "worker_pid", "database", "event_loop", "workers", "cpu_count", "limits")
     BACKENDS_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     ADMITTED_FIELD_NUMBER: _ClassVar[int]
@@ -282,6 +282,7 @@ class GetStatsResponse(_message.Message):
     EVENT_LOOP_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     CPU_COUNT_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
     backends: _containers.RepeatedCompositeFieldContainer[BackendStats]
     in_flight: int
     admitted: int
@@ -291,7 +292,24 @@ class GetStatsResponse(_message.Message):
     event_loop: str
     workers: int
     cpu_count: int
-    def __init__(self, backends: _Optional[_Iterable[_Union[BackendStats, _Mapping]]] = ..., in_flight: _Optional[int] = ..., admitted: _Optional[int] = ..., rejected: _Optional[int] = ..., worker_pid: _Optional[int] = ..., database: _Optional[_Union[DatabaseStats, _Mapping]] = ..., event_loop: _Optional[str] = ..., workers: _Optional[int] = ..., cpu_count: _Optional[int] = ...) -> None: ...
+    limits: PublicLimits
+    def __init__(self, backends: _Optional[_Iterable[_Union[BackendStats, _Mapping]]] = ..., in_flight: _Optional[int] = ..., admitted: _Optional[int] = ..., rejected: _Optional[int] = ..., worker_pid: _Optional[int] = ..., database: _Optional[_Union[DatabaseStats, _Mapping]] = ..., event_loop: _Optional[str] = ..., workers: _Optional[int] = ..., cpu_count: _Optional[int] = ..., limits: _Optional[_Union[PublicLimits, _Mapping]] = ...) -> None: ...
+
+class PublicLimits(_message.Message):
+    __slots__ = ("max_concurrent_streams", "max_connection_idle_ms", "max_connection_age_ms", "max_receive_bytes", "max_in_flight", "max_in_flight_per_tenant")
+    MAX_CONCURRENT_STREAMS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONNECTION_IDLE_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONNECTION_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_RECEIVE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    MAX_IN_FLIGHT_PER_TENANT_FIELD_NUMBER: _ClassVar[int]
+    max_concurrent_streams: int
+    max_connection_idle_ms: int
+    max_connection_age_ms: int
+    max_receive_bytes: int
+    max_in_flight: int
+    max_in_flight_per_tenant: int
+    def __init__(self, max_concurrent_streams: _Optional[int] = ..., max_connection_idle_ms: _Optional[int] = ..., max_connection_age_ms: _Optional[int] = ..., max_receive_bytes: _Optional[int] = ..., max_in_flight: _Optional[int] = ..., max_in_flight_per_tenant: _Optional[int] = ...) -> None: ...
 
 class DatabaseStats(_message.Message):
     __slots__ = ("min_size", "max_size", "open", "idle", "acquire_timeout_ms")

@@ -146,7 +146,8 @@ class AgentGatewayServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetStats(self, request, context):
-        """GetStats reports this gateway process's channels and admission counters.
+        """GetStats reports this gateway process's channels, admission counters and
+        public-port limits. Operators only: it names backends and processes.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
