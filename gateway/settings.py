@@ -101,8 +101,9 @@ class GatewaySettings(ServiceSettings):
     max_sessions_per_tenant: int = Field(
         100_000, gt=0, description="Sessions one tenant may hold; past it CreateSession gets RESOURCE_EXHAUSTED.")
     max_concurrent_streams: int = Field(
-        32, gt=0, description="Streams one client connection may hold open at once on the public port; more wait "
-        "in the client's HTTP/2 queue. With max_receive_bytes it bounds a connection's buffered requests.")
+        100, gt=0, description="Streams one client connection may hold open at once on the public port; more wait "
+        "in the client's HTTP/2 queue (RFC 9113 advises at least 100, so as not to limit parallelism). With "
+        "max_receive_bytes it bounds a connection's buffered requests.")
     max_connection_idle_s: float = Field(
         300.0, gt=0, description="A public connection with no call for this long is closed (GOAWAY).")
     max_connection_age_s: float = Field(

@@ -139,9 +139,14 @@ async def test_another_tenants_session_is_not_found_and_untouched(gateway, stub,
     assert [m.content for m in messages][::2] == ["Mine."]
 
 
-async def test_retrieval_failure_degrades_the_turn(stub):
-    _, final = await _turn(stub, message="Anything?", retrieval=pb.RetrievalOptions(collection="no-such-collection"))
-    assert final.degraded and final.degraded_reason.startswith("no context: retrieval failed")
+async def test_a_collection_the_tenant_lacks_fails_the_turn_before_any_token(stub):
+    session = await _session(stub)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await _turn(stub, session_id=session, message="Anything?",
+                    retrieval=pb.RetrievalOptions(collection="no-such-collection"))
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "the tenant has no collection 'no-such-collection'" in caught.value.details()
+    assert not (await stub.ListMessages(pb.ListMessagesRequest(session_id=session), timeout=5)).messages
 
 
 @pytest.mark.parametrize(("fields", "code", "needle"), [

@@ -34,7 +34,9 @@ async def retrieval(tmp_path_factory, pki):
 
 @pytest.fixture(scope="module")
 async def gateway(retrieval, inference_service, pki, database_url):
-    async with gateway_server(pki.root, inference_service.port, retrieval[0], database_url=database_url) as (running, app):
+    # One tenant drives 64 calls at once here (the transport tests): its share may be the whole process.
+    async with gateway_server(pki.root, inference_service.port, retrieval[0], database_url=database_url,
+                              max_in_flight_per_tenant=64) as (running, app):
         yield running, app
 
 
@@ -186,7 +188,8 @@ async def test_deadline_reaches_the_backend(stub, engine):
 
 @pytest.mark.flaky(reruns=2)  # STALL: see tests/e2e/test_inference.py
 async def test_admission_refuses_past_its_bound_at_once(retrieval, inference_service, pki, database_url, recorded_spans):
-    async with gateway_server(pki.root, inference_service.port, retrieval[0], max_in_flight=4, database_url=database_url) as (running, _):
+    async with gateway_server(pki.root, inference_service.port, retrieval[0], max_in_flight=4,
+                              max_in_flight_per_tenant=0, database_url=database_url) as (running, _):
         async with gateway_stub(running.port, pki.root) as small:
             await small.CreateSession(pb.CreateSessionRequest(), timeout=5)  # connect first: time admission, not TLS
 
