@@ -67,13 +67,13 @@ def scratch_dir(prefix: str) -> Path:
 
 def dev_pki(root: Path, tenants: tuple[str, ...] = ("dev",)) -> Path:
     """A dev CA, server certificate and a client certificate per tenant under ``root/tls``."""
-    from servicekit.pki import ensure_dev_pki
+    from agentgw.pki import ensure_dev_pki
 
     return ensure_dev_pki(root / "tls", tenants=tenants).root
 
 
 def _service_process(module: str, prefix: str, root: Path, tls_dir: Path, name: str, env: dict):
-    from servicekit.supervisor import ServiceProcess
+    from agentgw.supervisor import ServiceProcess
 
     return ServiceProcess(
         module, root / name, tls_dir, prefix,

@@ -18,13 +18,13 @@ import grpc
 from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from agent.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from servicekit.channels import ChannelSpec
-from servicekit.errors import DeadlineExceeded, Unavailable, from_rpc_error
+from servicekit.errors import DeadlineExceeded, from_rpc_error
 from servicekit.tasks import cancel_and_wait
 from servicekit.telemetry import outgoing_metadata
 from servicekit.tls import CertificateFiles, ClientTls
 
 from gateway.admission import Admission
-from gateway.pool import ChannelPool
+from servicekit.pool import ChannelPool
 from gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
@@ -150,15 +150,12 @@ class StartedStream:
     async def _write(self, message) -> None:
         try:
             await self._call.write(message)
-        except grpc.aio.AioRpcError as exc:  # the call had already ended: the server said why
-            raise from_rpc_error(exc, backend=self._backend, where=self._where) from None
-        except asyncio.InvalidStateError:
-            # Ended before this write (an early call refused as UNIMPLEMENTED, say): reading gives its status.
-            try:
-                await self._call.read()
-            except grpc.aio.AioRpcError as exc:
-                raise from_rpc_error(exc, backend=self._backend, where=self._where) from None
-            raise Unavailable(f"the {self._backend} service ended the call before its request was sent") from None
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            # The call ended before or during this write (an early call refused as UNIMPLEMENTED, say). The
+            # write's own error can be a transport detail ("Internal error from Core"): the call's status says why.
+            status = grpc.aio.AioRpcError(await self._call.code(), await self._call.initial_metadata(),
+                                          await self._call.trailing_metadata(), await self._call.details())
+            raise from_rpc_error(status, backend=self._backend, where=self._where) from None
 
     def __aiter__(self) -> StartedStream:
         return self

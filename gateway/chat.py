@@ -1,12 +1,8 @@
-"""One agent turn: history and retrieval at once, a prefix-stable prompt, a streamed
-generation, the turn persisted, and a final event that says where the time went.
-
-Prompt layout, for prefix-cache reuse across turns: system prompt, then the
-session's history, then the retrieved context and the user's message in the
-last user turn. Everything before the last turn is identical from one turn to
-the next, so the engine serves it from its prefix cache; the history window's
-start moves in steps (``gateway.history``) so that this holds for long
-sessions too.
+"""One agent turn, read top to bottom in :meth:`ChatTurns.run`: admission is done; then
+the stages (history and retrieval at once, while the inference call opens), the
+generation (a prefix-stable prompt, ``gateway.prompt``, streamed), and the finish
+(the turn stored, then a final event that says where the time went). SQL lives in
+``gateway.turn_store``, metrics in ``gateway.turn_metrics``.
 
 Nothing lost: the user and assistant messages are written in one transaction
 before the final event; a failed write is an error, not a final event. A
@@ -21,7 +17,7 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import grpc
 from opentelemetry import trace
@@ -31,7 +27,6 @@ from agent.gateway.v1 import gateway_pb2 as pb
 from agent.inference.v1 import inference_pb2
 from agent.retrieval.v1 import retrieval_pb2
 from servicekit.errors import InvalidArgument, NotFound, ResourceExhausted, ServiceError, Unavailable
-from servicekit.metrics import meter
 from servicekit.tasks import cancel_and_wait
 from servicekit.telemetry import trace_id_hex
 
@@ -39,31 +34,20 @@ from gateway.backends import Backends
 from gateway.database import Database
 from gateway.generation_call import GenerationCall
 from gateway.history import history_window
+from gateway.prompt import conversation, generate_request, user_turn
 from gateway.sessions import parse_session_id
 from gateway.settings import GatewaySettings
 from gateway.tenancy import cache_salt_for, physical_collection
+from gateway.turn_metrics import DegradedCause, record_turn
 from gateway.turn_store import Claim, StoredTurn, TurnStore
+from gateway.turn_types import ContextReady, Delta, Finished, Outcome, StageTimes
 
 log = logging.getLogger(__name__)
 _TRACER = trace.get_tracer("agent-gateway.chat")
-_METER = meter("gateway")
-_FIRST_TOKEN = _METER.create_histogram(
-    "agw.chat.first_token", unit="ms", description="Time from the Chat call to its first token.")
-_STAGE = _METER.create_histogram(
-    "agw.chat.stage.duration", unit="ms", description="Chat stage latencies (admission, history, retrieval, "
-    "generation, persist, total), by stage.")
-_DEGRADED = _METER.create_counter("agw.chat.degraded", description="Turns answered degraded, by cause.")
 #: How much longer an idempotency claim's lease runs than the turn may (a store still in flight).
 CLAIM_LEASE_MARGIN_S = 2.0
-_ROLE = {"system": inference_pb2.ROLE_SYSTEM, "user": inference_pb2.ROLE_USER,
-         "assistant": inference_pb2.ROLE_ASSISTANT, "tool": inference_pb2.ROLE_TOOL}
-
-
-def _conversation(system_prompt: str, past: list[tuple[str, str]]) -> list[inference_pb2.ChatMessage]:
-    """The prompt's stable part: the system prompt, then the session's history window."""
-    return [inference_pb2.ChatMessage(role=inference_pb2.ROLE_SYSTEM, content=system_prompt),
-            *(inference_pb2.ChatMessage(role=_ROLE.get(role, inference_pb2.ROLE_USER), content=content)
-              for role, content in past)]
+#: How long before the caller's deadline a turn waiting on another's claim gives up with ABORTED.
+CLAIM_WAIT_RESERVE_S = 0.25
 
 
 def _over_context(error: ServiceError) -> bool:
@@ -94,11 +78,11 @@ class _Turn:
 
     request: pb.ChatRequest
     tenant: str
-    timings: pb.StageTimings
+    timings: StageTimes
     system_prompt: str
     history: list[tuple[str, str]] = field(default_factory=list)
     documents: list[retrieval_pb2.ScoredDocument] = field(default_factory=list)
-    degraded: list[str] = field(default_factory=list)
+    degraded: list[DegradedCause] = field(default_factory=list)
     pieces: list[str] = field(default_factory=list)
     result: inference_pb2.GenerationResult | None = None
 
@@ -124,22 +108,7 @@ class ChatTurns:
     async def _history(self, tenant: str, session_id: uuid.UUID | None) -> tuple[list[tuple[str, str]], bool]:
         if session_id is None:
             return [], False
-
-        async def load(connection):
-            # One round trip: the session's ownership and its last N messages,
-            # newest first, through the primary key index. No row: not this
-            # tenant's session (or none); one row of NULLs: no messages yet.
-            return await connection.fetch(
-                "SELECT m.ordinal, m.role, m.content, m.token_count FROM agw_sessions s LEFT JOIN LATERAL ("
-                "  SELECT ordinal, role, content, token_count FROM agw_messages WHERE session_id = s.id"
-                "  ORDER BY ordinal DESC LIMIT $3) m ON true"
-                " WHERE s.id = $1 AND s.tenant = $2 ORDER BY m.ordinal DESC", session_id, tenant,
-                self.settings.history_messages)
-
-        rows = await self.database.run(load)
-        if not rows:
-            raise NotFound(f"session {session_id} does not exist")
-        rows = [row for row in rows if row["ordinal"] is not None]
+        rows = await self.store.recent_messages(tenant, session_id, self.settings.history_messages)
         window = history_window(rows, max_messages=self.settings.history_messages,
                                 token_budget=self.settings.history_token_budget,
                                 step=self.settings.history_window_step)
@@ -162,7 +131,9 @@ class ChatTurns:
         remaining = context.time_remaining() if context is not None else None
         budget = self.settings.default_deadline_s if remaining is None else remaining
         # The lease outlives the turn by a little (a store in flight), so a live holder is never taken over.
-        return budget + CLAIM_LEASE_MARGIN_S, max(0.0, budget - self.settings.deadline_margin_ms / 1000)
+        # The wait ends early enough for ABORTED (and its last look at Postgres) to beat the caller's deadline.
+        return budget + CLAIM_LEASE_MARGIN_S, max(0.0, budget - max(self.settings.deadline_margin_ms / 1000,
+                                                                   CLAIM_WAIT_RESERVE_S))
 
     def _release_later(self, claim: Claim) -> None:
         """Give up a claim even while this turn is being cancelled (the release must not be cancelled with it)."""
@@ -173,15 +144,15 @@ class ChatTurns:
     async def run(self, tenant: str, request: pb.ChatRequest, context, admitted_at: float, clock: Clock):
         session_id = self._validate(request)
         trace_id = trace_id_hex()  # the call's server span, opened by the edge interceptor
-        timings = pb.StageTimings(admission_ms=(admitted_at - clock.started) * 1000)
+        timings = StageTimes(admission_ms=(admitted_at - clock.started) * 1000)
 
         claim = None
         if session_id is not None and request.idempotency_key:
             lease_s, wait_s = self._claim_times(context)
             owned = await self.store.claim(tenant, session_id, request, lease_s=lease_s, wait_s=wait_s)
             if isinstance(owned, StoredTurn):  # answered before, or by a concurrent turn we waited for
-                yield pb.ChatResponse(delta=pb.TokenDelta(text=owned.text))
-                yield pb.ChatResponse(final=owned.final)
+                yield Delta(owned.text)
+                yield Finished(owned.outcome)
                 return
             claim = owned
 
@@ -200,7 +171,7 @@ class ChatTurns:
         finally:
             if claim is not None and not stored:
                 self._release_later(claim)
-        yield pb.ChatResponse(final=final)
+        yield Finished(final)
 
     async def _stages(self, turn: _Turn, session_id: uuid.UUID | None, call: GenerationCall, context) -> None:
         """History and retrieval at once, each within its budget, while the inference call opens."""
@@ -211,7 +182,7 @@ class ChatTurns:
             past = loaded[0] if loaded else []
             if past:
                 # The prompt's session part, for the inference service to tokenize while retrieval still runs.
-                await call.send_prefix(_conversation(turn.system_prompt, past))
+                await call.send_prefix(conversation(turn.system_prompt, past))
             return outcome
 
         stages = asyncio.gather(
@@ -249,28 +220,23 @@ class ChatTurns:
                 raise Unavailable("retrieval timed out") if timed_out else retrieval_error
             # Only an outage or a timeout degrades the turn. The client learns what was missing,
             # not why inside (that is in the log and on the retrieval span).
-            reason = "timed out" if timed_out else "unavailable"
-            log.warning("turn degraded, no context: retrieval %s (%s)", reason, retrieval_error or "budget spent")
-            turn.degraded.append(f"no context: retrieval {reason}")
+            cause = DegradedCause.RETRIEVAL_TIMED_OUT if timed_out else DegradedCause.RETRIEVAL_UNAVAILABLE
+            log.warning("turn degraded, %s (%s)", cause.reason, retrieval_error or "budget spent")
+            turn.degraded.append(cause)
         else:
             turn.documents = documents
         if trimmed:
-            turn.degraded.append("history trimmed to AGW_GATEWAY_HISTORY_TOKEN_BUDGET (oldest messages left out)")
+            turn.degraded.append(DegradedCause.HISTORY_OVER_BUDGET)
 
     async def _generate(self, turn: _Turn, call: GenerationCall, context, clock: Clock):
         """The context event (once the request is out, so its write overlaps the prefill), then token deltas."""
         request = turn.request
-        context_event = pb.ChatResponse(context=pb.ContextEvent(documents=turn.documents)) if turn.documents else None
-        context_block = "\n".join(f"[{i + 1}] {d.payload['text']}" for i, d in enumerate(turn.documents)
-                                  if "text" in d.payload)
-        user = f"Context:\n{context_block}\n\nQuestion: {request.message}" if context_block else request.message
+        context_event = ContextReady(turn.documents) if turn.documents else None
+        user = user_turn(request.message, turn.documents)
         cache_salt = cache_salt_for(self.settings.prefix_cache, turn.tenant)
 
         def prompt(past: list[tuple[str, str]]) -> inference_pb2.GenerateRequest:
-            messages = [*_conversation(turn.system_prompt, past),
-                        inference_pb2.ChatMessage(role=inference_pb2.ROLE_USER, content=user)]
-            return inference_pb2.GenerateRequest(chat=inference_pb2.ChatMessages(messages=messages),
-                                                 sampling=request.generation, cache_salt=cache_salt)
+            return generate_request(turn.system_prompt, past, user, request.generation, cache_salt)
 
         generation_started = time.perf_counter()
         # Not "current" across the yields below: a context attached in an
@@ -295,23 +261,14 @@ class ChatTurns:
                                     turn.timings.first_token_ms = clock.ms()
                                     span.add_event("first_token")
                                 turn.pieces.append(message.text)
-                                yield pb.ChatResponse(delta=pb.TokenDelta(text=message.text))
+                                yield Delta(message.text)
                             if message.HasField("result"):
                                 turn.result = message.result
                     break
                 except ServiceError as exc:
                     if early and not turn.pieces and call.refused(exc):
                         continue  # an inference service older than OpenGenerate: Generate
-                    if turn.pieces or not _over_context(exc):
-                        raise
-                    if not history:
-                        raise ResourceExhausted(
-                            f"the message does not fit the model's context even without history ({exc.message}); "
-                            "shorten it or lower max_tokens", retry_after_s=None) from None
-                    # Over the context: drop the oldest half of the history and try again.
-                    history = history[len(history) // 2 + len(history) % 2:]
-                    if "history trimmed" not in " ".join(turn.degraded):
-                        turn.degraded.append("history trimmed to fit the model's context (oldest messages left out)")
+                    history = _shorter_history(turn, history, exc)
         except BaseException as exc:  # cancelled, failed: the span says so, and always ends
             span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
             raise
@@ -322,29 +279,39 @@ class ChatTurns:
         turn.timings.generation_ms = clock.ms(generation_started)
 
     async def _finish(self, turn: _Turn, session_id: uuid.UUID | None, trace_id: str, clock: Clock,
-                      claim: Claim | None) -> pb.TurnSummary:
-        """The final event, once the turn is stored (a failed write raises: no final event)."""
+                      claim: Claim | None) -> Outcome:
+        """The turn's outcome, once the turn is stored (a failed write raises: no final event)."""
         result, timings = turn.result, turn.timings
-        answer = "".join(turn.pieces)
-        final = pb.TurnSummary(
+        outcome = Outcome(
             finish_reason=result.finish_reason if result else 0, usage=result.usage if result else None,
-            degraded=bool(turn.degraded), degraded_reason="; ".join(turn.degraded), session_id=turn.request.session_id,
-            trace_id=trace_id, engine_timings=result.timings if result else None,
-        )
+            timings=timings, degraded=tuple(turn.degraded), trace_id=trace_id, session_id=turn.request.session_id,
+            engine_timings=result.timings if result else None)
         if session_id is not None:
             persist_started = time.perf_counter()
-            timings.persist_ms = 0.0
-            final.timings.CopyFrom(timings)
             with _TRACER.start_as_current_span("persist"):
                 # One round trip: the messages, the key's result and the end of its claim, in one transaction.
-                await self.store.store(turn.tenant, session_id, turn.request, claim, answer=answer,
-                                       completion_tokens=final.usage.completion_tokens, final=final,
-                                       trace_id=trace_id, user_tokens=estimate_tokens(turn.request.message))
+                # What a replay returns carries the timings up to here (persist and total not yet known).
+                await self.store.store(turn.tenant, session_id, turn.request, claim, answer="".join(turn.pieces),
+                                       outcome=replace(outcome, timings=replace(timings)), trace_id=trace_id,
+                                       user_tokens=estimate_tokens(turn.request.message))
             timings.persist_ms = clock.ms(persist_started)
         timings.total_ms = clock.ms()
-        final.timings.CopyFrom(timings)
-        _record_turn(timings, turn.degraded)
-        return final
+        record_turn(timings, turn.degraded)
+        return outcome
+
+
+def _shorter_history(turn: _Turn, history: list[tuple[str, str]], error: ServiceError) -> list[tuple[str, str]]:
+    """The rule for a prompt over the model's context, before any token: drop the oldest half of the
+    history and try again; with no history left, the message alone does not fit (RESOURCE_EXHAUSTED)."""
+    if turn.pieces or not _over_context(error):
+        raise error
+    if not history:
+        raise ResourceExhausted(
+            f"the message does not fit the model's context even without history ({error.message}); "
+            "shorten it or lower max_tokens", retry_after_s=None) from None
+    if DegradedCause.HISTORY_OVER_CONTEXT not in turn.degraded:
+        turn.degraded.append(DegradedCause.HISTORY_OVER_CONTEXT)
+    return history[len(history) // 2 + len(history) % 2:]
 
 
 async def _timed(name: str, coro, budget_s: float):
@@ -358,12 +325,3 @@ async def _timed(name: str, coro, budget_s: float):
         except (TimeoutError, ServiceError) as exc:
             span.set_status(Status(StatusCode.ERROR, str(exc) or "timed out"))
             return None, exc, (time.perf_counter() - started) * 1000
-
-
-def _record_turn(timings: pb.StageTimings, degraded: list[str]) -> None:
-    if timings.first_token_ms:
-        _FIRST_TOKEN.record(timings.first_token_ms)
-    for stage in ("admission", "history", "retrieval", "generation", "persist", "total"):
-        _STAGE.record(getattr(timings, f"{stage}_ms"), {"stage": stage})
-    for reason in degraded:
-        _DEGRADED.add(1, {"cause": "retrieval" if reason.startswith("no context") else "history_trimmed"})

@@ -5,9 +5,18 @@ from __future__ import annotations
 from google.protobuf import timestamp_pb2
 
 from agent.gateway.v1 import gateway_pb2 as pb
-from inference.convert import ROLE_BY_NAME
+from agent.inference.v1 import inference_pb2
 
 from gateway.sessions import MessageRecord, SessionRecord
+from gateway.turn_types import ContextReady, Delta, Finished, Outcome, StageTimes, TurnEvent
+
+
+def role_from_name(name: str) -> int:
+    """A stored role ("user", "assistant") as the contract's enum value, by the enum's own names."""
+    try:
+        return inference_pb2.Role.Value(f"ROLE_{name.upper()}")
+    except ValueError:
+        return inference_pb2.ROLE_UNSPECIFIED
 
 
 def _timestamp(value) -> timestamp_pb2.Timestamp:
@@ -23,6 +32,34 @@ def session_to_proto(session: SessionRecord) -> pb.Session:
 
 def message_to_proto(message: MessageRecord) -> pb.Message:
     return pb.Message(
-        ordinal=message.ordinal, role=ROLE_BY_NAME.get(message.role, 0), content=message.content,
+        ordinal=message.ordinal, role=role_from_name(message.role), content=message.content,
         token_count=message.token_count, trace_id=message.trace_id, create_time=_timestamp(message.created_at),
     )
+
+
+def outcome_to_proto(outcome: Outcome) -> pb.TurnSummary:
+    return pb.TurnSummary(
+        finish_reason=outcome.finish_reason, usage=outcome.usage, timings=pb.StageTimings(**outcome.timings.as_dict()),
+        degraded=bool(outcome.degraded or outcome.stored_reason), degraded_reason=outcome.degraded_reason,
+        trace_id=outcome.trace_id, session_id=outcome.session_id, replayed=outcome.replayed,
+        engine_timings=outcome.engine_timings)
+
+
+def outcome_from_proto(summary: pb.TurnSummary) -> Outcome:
+    """A stored turn's summary, read back for a replay."""
+    timings = StageTimes(**{name: getattr(summary.timings, name) for name in StageTimes().as_dict()})
+    return Outcome(finish_reason=summary.finish_reason, usage=summary.usage if summary.HasField("usage") else None,
+                   timings=timings, trace_id=summary.trace_id, session_id=summary.session_id,
+                   replayed=summary.replayed, stored_reason=summary.degraded_reason,
+                   engine_timings=summary.engine_timings if summary.HasField("engine_timings") else None)
+
+
+def turn_event_to_proto(event: TurnEvent) -> pb.ChatResponse:
+    """A turn's event as the Chat stream sends it."""
+    if isinstance(event, Delta):
+        return pb.ChatResponse(delta=pb.TokenDelta(text=event.text))
+    if isinstance(event, ContextReady):
+        return pb.ChatResponse(context=pb.ContextEvent(documents=event.documents))
+    if isinstance(event, Finished):
+        return pb.ChatResponse(final=outcome_to_proto(event.outcome))
+    raise TypeError(f"not a turn event: {event!r}")

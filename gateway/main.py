@@ -26,7 +26,7 @@ log = logging.getLogger("gateway.main")
 
 def _supervise(settings: GatewaySettings) -> int:
     workers = settings.workers
-    env = dict(os.environ)
+    env = {**os.environ, "AGW_GATEWAY_WORKERS": str(workers)}  # the workers' environment: settings stay one source
     if not settings.database_url:
         # Start the embedded server once, here, rather than racing N workers to it.
         import asyncio
@@ -54,9 +54,10 @@ def _supervise(settings: GatewaySettings) -> int:
     return max(codes, key=abs)
 
 
-def main() -> int:
+def main(**overrides) -> int:
+    """The gateway's entry point; ``overrides`` (``workers=N`` from ``agentgw serve``) win over the environment."""
     try:
-        settings = load_settings(GatewaySettings)
+        settings = load_settings(GatewaySettings, **overrides)
     except SettingsError as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2
@@ -66,7 +67,7 @@ def main() -> int:
             print("gateway: AGW_GATEWAY_WORKERS > 1 needs a fixed AGW_GATEWAY_PORT", file=sys.stderr)
             return 2
         return _supervise(settings)
-    return main_for(GatewaySettings, GatewayApp)
+    return main_for(GatewaySettings, GatewayApp, **overrides)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from gateway.admission import Admission
 from gateway.backends import Backends, open_backends
 from gateway.bounds import Bounds
 from gateway.chat import ChatTurns, Clock
-from gateway.convert import message_to_proto, session_to_proto
+from gateway.convert import message_to_proto, session_to_proto, turn_event_to_proto
 from gateway.database import embedded_postgres_url, open_database
 from gateway.sessions import Sessions
 from gateway.settings import GatewaySettings
@@ -169,7 +169,7 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
             self._admit(slot, tenant)  # held for the whole turn
             admitted_at = time.perf_counter()
             async for event in self.turns.run(tenant, request, context, admitted_at, clock):
-                yield event
+                yield turn_event_to_proto(event)
 
     async def CreateSession(self, request, context):
         self.bounds.create_session(request)

@@ -1,4 +1,4 @@
-"""Where Chat turns are stored, and how an idempotency key gets exactly one answer.
+"""Where Chat turns are read and stored, and how an idempotency key gets exactly one answer.
 
 A turn with an idempotency key claims the key in Postgres before it generates
 (``agw_claim_turn``, migrations/0003_turn_claims.sql), with a lease as long as
@@ -22,12 +22,14 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from agent.gateway.v1 import gateway_pb2 as pb
 from servicekit.errors import Aborted, FailedPrecondition, NotFound
 
+from gateway.convert import outcome_from_proto, outcome_to_proto
 from gateway.database import Database
+from gateway.turn_types import Outcome
 
 log = logging.getLogger(__name__)
 
@@ -59,17 +61,17 @@ class Claim:
 
 @dataclass(frozen=True)
 class StoredTurn:
-    """A turn already answered under the key: its text and final event."""
+    """A turn already answered under the key: its text and outcome, marked replayed."""
 
     text: str
-    final: pb.TurnSummary
+    outcome: Outcome
 
     @classmethod
     def from_json(cls, value: str | dict) -> StoredTurn:
+        # Stored as the TurnSummary the client got, so a replay answers with the same message.
         data = json.loads(value) if isinstance(value, str) else value
-        final = pb.TurnSummary.FromString(bytes.fromhex(data["final"]))
-        final.replayed = True
-        return cls(data["text"], final)
+        outcome = outcome_from_proto(pb.TurnSummary.FromString(bytes.fromhex(data["final"])))
+        return cls(data["text"], replace(outcome, replayed=True))
 
 
 class TurnStore:
@@ -77,6 +79,22 @@ class TurnStore:
 
     def __init__(self, database: Database) -> None:
         self.database = database
+
+    async def recent_messages(self, tenant: str, session_id: uuid.UUID, limit: int) -> list:
+        """The session's last ``limit`` messages, newest first (ordinal, role, content, token_count).
+
+        One round trip: the session's ownership and its messages, through the
+        primary key index. No row: not this tenant's session (or none), NOT_FOUND;
+        one row of NULLs: no messages yet.
+        """
+        rows = await self.database.run(lambda c: c.fetch(
+            "SELECT m.ordinal, m.role, m.content, m.token_count FROM agw_sessions s LEFT JOIN LATERAL ("
+            "  SELECT ordinal, role, content, token_count FROM agw_messages WHERE session_id = s.id"
+            "  ORDER BY ordinal DESC LIMIT $3) m ON true"
+            " WHERE s.id = $1 AND s.tenant = $2 ORDER BY m.ordinal DESC", session_id, tenant, limit))
+        if not rows:
+            raise NotFound(f"session {session_id} does not exist")
+        return [row for row in rows if row["ordinal"] is not None]
 
     async def claim(self, tenant: str, session_id: uuid.UUID, request: pb.ChatRequest, *, lease_s: float,
                     wait_s: float) -> Claim | StoredTurn:
@@ -120,10 +138,10 @@ class TurnStore:
             claim.session_id, claim.key, claim.holder))
 
     async def store(self, tenant: str, session_id: uuid.UUID, request: pb.ChatRequest, claim: Claim | None, *,
-                    answer: str, completion_tokens: int, final: pb.TurnSummary, trace_id: str,
-                    user_tokens: int) -> None:
+                    answer: str, outcome: Outcome, trace_id: str, user_tokens: int) -> None:
         """Append the user's and the assistant's messages (and the key's result) in one transaction."""
-        result = json.dumps({"text": answer, "final": final.SerializeToString().hex()})
+        result = json.dumps({"text": answer, "final": outcome_to_proto(outcome).SerializeToString().hex()})
+        completion_tokens = outcome.usage.completion_tokens if outcome.usage else 0
         outcome = await self.database.run(lambda connection: connection.fetchval(
             "SELECT agw_store_turn($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10, $11)",
             session_id, tenant, request.idempotency_key, result, request.message, user_tokens, answer,

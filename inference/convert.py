@@ -1,6 +1,8 @@
-"""Conversion between ``agent.inference.v1`` messages and the domain types.
+"""Conversion between ``agent.inference.v1`` messages and the inference service's domain types.
 
-The one place that knows both; the gateway reuses it for its passthrough.
+The one place in the service that knows both. The chat roles' names here are
+the chat templates' (``system``, ``user``, ...): the inference service owns
+templates; other services use the contract's enum values only.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ _ROLE_NAMES = {
     pb.ROLE_ASSISTANT: "assistant",
     pb.ROLE_TOOL: "tool",
 }
-ROLE_BY_NAME = {name: value for value, name in _ROLE_NAMES.items()}
 _FINISH_REASONS = {
     FinishReason.STOP: pb.FINISH_REASON_STOP,
     FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,

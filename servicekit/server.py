@@ -176,11 +176,7 @@ async def running_service(
     insecure = insecure or getattr(app, "insecure", False)
     certificates = None
     if credentials is None and not insecure:
-        if settings.tls_reload_s > 0:
-            certificates = CertificateFiles(settings.identity_files, check_every_s=settings.tls_reload_s)
-            credentials = reloading_server_credentials(certificates)
-        else:
-            credentials = ServerTls.from_dir(settings.identity_files.root).credentials()
+        credentials, certificates = _server_credentials(settings)
     readiness = Readiness(app.name)
     authorizer = authorizer_for(app, settings, insecure=insecure)
     server = grpc.aio.server(
@@ -201,12 +197,7 @@ async def running_service(
         port = server.add_secure_port(settings.listen_address, credentials)
     running = RunningService(port=port, server=server, health=health, grace_s=settings.grace_s,
                              authorizer=authorizer, certificates=certificates)
-    loop_name = type(asyncio.get_running_loop()).__module__.split(".")[0]
-    gauge(meter("servicekit"), "agw.process.info", lambda: [(1, {"service": app.name, "event_loop": loop_name})],
-          description="Always 1; its labels say which service and event loop (uvloop or asyncio) this process runs.")
-    counter(meter("servicekit"), "agw.process.runqueue_wait", lambda: _runqueue_wait(app.name), unit="s",
-            description="Seconds the event-loop thread was runnable but waiting for a CPU (Linux schedstat). "
-                        "Growing under load means the host starves this process; see docs/architecture.md.")
+    _process_metrics(app.name)
     async with AsyncExitStack() as stack:
         stack.push_async_callback(server.stop, None)  # last: whatever happened, stop
         await server.start()
@@ -224,6 +215,23 @@ async def running_service(
         log.info("%s SERVING on port %d after %.0f ms", app.name, port, (time.perf_counter() - started) * 1000)
         yield running
     log.info("%s stopped", app.name)
+
+
+def _server_credentials(settings: ServiceSettings) -> tuple[grpc.ServerCredentials, CertificateFiles | None]:
+    """mTLS from the service's own identity folder: reloaded on renewal, or fixed with AGW_TLS_RELOAD_S=0."""
+    if settings.tls_reload_s > 0:
+        certificates = CertificateFiles(settings.identity_files, check_every_s=settings.tls_reload_s)
+        return reloading_server_credentials(certificates), certificates
+    return ServerTls.from_dir(settings.identity_files.root).credentials(), None
+
+
+def _process_metrics(service: str) -> None:
+    loop_name = type(asyncio.get_running_loop()).__module__.split(".")[0]
+    gauge(meter("servicekit"), "agw.process.info", lambda: [(1, {"service": service, "event_loop": loop_name})],
+          description="Always 1; its labels say which service and event loop (uvloop or asyncio) this process runs.")
+    counter(meter("servicekit"), "agw.process.runqueue_wait", lambda: _runqueue_wait(service), unit="s",
+            description="Seconds the event-loop thread was runnable but waiting for a CPU (Linux schedstat). "
+                        "Growing under load means the host starves this process; see docs/architecture.md.")
 
 
 def _runqueue_wait(service: str) -> list[tuple[float, dict]]:
@@ -302,7 +310,7 @@ def run(app: ServiceApp, settings: ServiceSettings, **kwargs) -> int:
     # port files) is its own: files 0600, folders 0700.
     os.umask(0o077)
     configure_logging(settings.log_level)
-    provider = configure_tracing(app.name)
+    provider = configure_tracing(app.name, trace_file=settings.trace_file)
     configure_metrics(app.name, settings.metrics_host, settings.metrics_port)
     try:
         return uvloop.run(serve_until_signalled(app, settings, **kwargs))
@@ -310,14 +318,14 @@ def run(app: ServiceApp, settings: ServiceSettings, **kwargs) -> int:
         provider.shutdown()  # flushes spans still batched
 
 
-def main_for(settings_cls: type[S], make_app: Callable[[S], ServiceApp]) -> int:
+def main_for(settings_cls: type[S], make_app: Callable[[S], ServiceApp], **overrides) -> int:
     """A service's ``main()``: read and check settings, then run until signalled.
 
     A bad setting exits with status 2 and the variable named, before anything
-    starts.
+    starts. ``overrides`` win over the environment (command-line flags).
     """
     try:
-        settings = load_settings(settings_cls)
+        settings = load_settings(settings_cls, **overrides)
         app = make_app(settings)
         if not getattr(app, "insecure", False):
             ServerTls.from_dir(settings.identity_files.root)  # fail now, naming the missing file

@@ -83,6 +83,8 @@ class ServiceSettings(BaseSettings):
     trace_content: bool = deployment_field(
         False, "trace_content", description="Record prompt and output text on spans (AGW_TRACE_CONTENT=1); off by default."
     )
+    trace_file: Path | None = deployment_field(
+        None, "trace_file", description="Also append every finished span to this JSON-lines file (agentgw trace reads it).")
     trust_domain: str = deployment_field(
         DEFAULT_TRUST_DOMAIN, "trust_domain",
         description="SPIFFE trust domain of every identity; certificates of any other are refused.")

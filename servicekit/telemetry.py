@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 from collections.abc import Iterable
+from pathlib import Path
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
@@ -21,15 +22,19 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-from servicekit.tracefile import TRACE_FILE_ENV, JsonLinesSpanExporter
+from servicekit.tracefile import JsonLinesSpanExporter
 
 log = logging.getLogger(__name__)
 
 TRACE_ID_KEY = "x-trace-id"
 
 
-def configure_tracing(service: str, version: str = "0.1.0") -> TracerProvider:
-    """Install this process's tracer provider (once); return it so shutdown can flush it."""
+def configure_tracing(service: str, version: str = "0.1.0", *, trace_file: Path | None = None) -> TracerProvider:
+    """Install this process's tracer provider (once); return it so shutdown can flush it.
+
+    The ``OTEL_*`` variables are OpenTelemetry's own, read by its SDK; ours
+    (``AGW_TRACE_FILE``) comes through the service's settings.
+    """
     current = trace.get_tracer_provider()
     if isinstance(current, TracerProvider):
         return current
@@ -46,7 +51,7 @@ def configure_tracing(service: str, version: str = "0.1.0") -> TracerProvider:
         log.info("tracing: exporting spans over OTLP to %s", os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
     else:
         log.info("tracing: no OTEL_EXPORTER_OTLP_ENDPOINT, spans are not exported")
-    if trace_file := os.environ.get(TRACE_FILE_ENV):
+    if trace_file:
         provider.add_span_processor(BatchSpanProcessor(JsonLinesSpanExporter(trace_file)))
         log.info("tracing: appending spans to %s (read them with: agentgw trace TRACE_ID)", trace_file)
     trace.set_tracer_provider(provider)

@@ -79,6 +79,16 @@ async def test_context_deltas_and_final_event(stub):
     assert not final.degraded and final.session_id == ""
 
 
+async def test_the_final_event_comes_after_the_turn_is_stored(stub):
+    session = await _session(stub)
+    request = pb.ChatRequest(session_id=session, message="Stored before the end?", generation=_generation(4))
+    async for event in stub.Chat(request, timeout=60):
+        if event.HasField("final"):  # read the moment the final event arrives: the pair is there already
+            stored = (await stub.ListMessages(pb.ListMessagesRequest(session_id=session), timeout=5)).messages
+            assert [m.role for m in stored] == [inference_pb2.ROLE_USER, inference_pb2.ROLE_ASSISTANT]
+            assert stored[0].content == "Stored before the end?" and stored[1].token_count == 4
+
+
 async def test_timings_add_up(stub):
     session = await _session(stub)
     _, final = await _turn(stub, session_id=session, message="Explain try.",
@@ -355,25 +365,6 @@ async def test_a_turn_failing_before_it_generates_closes_its_early_inference_cal
         await asyncio.sleep(0.1)
     assert calls_after == calls_before + 1  # it was opened...
     assert not any(in_flight), in_flight  # ...and is closed
-
-
-async def test_turns_fall_back_to_generate_where_the_inference_service_lacks_open_generate(tmp_path, pki, database_url):
-    # The scripted service implements Generate only, as one older than
-    # OpenGenerate would: its answer to the early call is UNIMPLEMENTED.
-    from tests.support.servers import scripted_server
-
-    async with scripted_server(pki.root) as inference, retrieval_server(tmp_path / "retrieval", pki.root) as (retrieval, _):
-        async with gateway_server(pki.root, inference.port, retrieval.port, database_url=database_url) as (gw, _):
-            async with gateway_stub(gw.port, pki.root) as stub:
-                calls = []
-                for _ in range(2):
-                    calls_before, _ = await _inference_channels(gw.port, pki)
-                    events, final = await _turn(stub, message="Hello?")
-                    calls_after, in_flight = await _inference_channels(gw.port, pki)
-                    assert "".join(e.delta.text for e in events if e.WhichOneof("event") == "delta") == "t0 t1 t2 "
-                    assert not final.degraded and not any(in_flight)
-                    calls.append(calls_after - calls_before)
-    assert calls == [2, 1]  # OpenGenerate (refused) then Generate; from then on, Generate only
 
 
 async def test_a_long_session_keeps_its_cached_prefix_when_the_window_moves_in_steps(

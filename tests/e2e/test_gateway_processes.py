@@ -15,7 +15,7 @@ import pytest
 from agent.gateway.v1 import gateway_pb2 as pb
 from agent.gateway.v1 import gateway_pb2_grpc
 from agent.retrieval.v1 import retrieval_pb2
-from servicekit.supervisor import ServiceProcess
+from agentgw.supervisor import ServiceProcess
 from tests.support.gateway_stack import gateway_server, gateway_stub
 from tests.support.retrieval_service import retrieval_server
 from tests.support.servers import free_port
@@ -88,7 +88,7 @@ async def test_workers_share_one_port(tmp_path, pki, inference_service, database
             "AGW_GATEWAY_INFERENCE_TARGET": f"127.0.0.1:{inference_service.port}",
             "AGW_GATEWAY_RETRIEVAL_TARGET": f"127.0.0.1:{retrieval.port}", "AGW_DATABASE_URL": database_url,
         }
-        process = subprocess.Popen([sys.executable, "-m", "servicekit.cli", "serve", "gateway", "--workers", "2"],
+        process = subprocess.Popen([sys.executable, "-m", "agentgw.cli", "serve", "gateway", "--workers", "2"],
                                    env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0)
         try:
             pids: set[int] = set()

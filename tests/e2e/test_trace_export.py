@@ -19,7 +19,7 @@ import pytest
 from agent.gateway.v1 import gateway_pb2 as pb
 from agent.inference.v1 import inference_pb2
 from retrieval.ingest import sample_corpus
-from servicekit.supervisor import ServiceProcess
+from agentgw.supervisor import ServiceProcess
 from tests.support.gateway_stack import gateway_stub
 from tests.support.retrieval_service import passage_documents
 from tests.support.servers import free_port

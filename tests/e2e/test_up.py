@@ -44,7 +44,7 @@ class Up:
         self.env.update(env)
         self.lines: queue.Queue[str] = queue.Queue()
         self.output: list[str] = []
-        self.process = subprocess.Popen([sys.executable, "-m", "servicekit.cli", "up"], env=self.env,
+        self.process = subprocess.Popen([sys.executable, "-m", "agentgw.cli", "up"], env=self.env,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -66,11 +66,11 @@ class Up:
             assert time.monotonic() < deadline, f"no {text!r} after {timeout}s:\n{''.join(self.output)}"
 
     def cli(self, *args: str, timeout: float = 180, input: str | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "servicekit.cli", *args], env=self.env, input=input,
+        return subprocess.run([sys.executable, "-m", "agentgw.cli", *args], env=self.env, input=input,
                               capture_output=True, text=True, timeout=timeout)
 
     def healthcheck(self, port: int) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "servicekit.healthcheck", "--port", str(port)], env=self.env,
+        return subprocess.run([sys.executable, "-m", "agentgw.healthcheck", "--port", str(port)], env=self.env,
                               capture_output=True, text=True, timeout=30)
 
     def stop(self) -> int:

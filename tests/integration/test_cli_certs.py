@@ -15,7 +15,7 @@ def _certs(home, *args):
     env = {**os.environ, "AGW_HOME": str(home)}
     env.pop("AGW_TLS_DIR", None)
     return subprocess.run(
-        [sys.executable, "-m", "servicekit.cli", "certs", *args], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "agentgw.cli", "certs", *args], env=env, capture_output=True, text=True, timeout=60
     )
 
 
@@ -62,6 +62,6 @@ def test_certs_refuses_a_bad_tenant_name(tmp_path):
 
 def test_bad_setting_fails_naming_the_variable(tmp_path):
     env = {**os.environ, "AGW_HOME": str(tmp_path), "AGW_GRACE_S": "soon"}
-    result = subprocess.run([sys.executable, "-m", "servicekit.cli", "certs"], env=env, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "agentgw.cli", "certs"], env=env, capture_output=True, text=True)
     assert result.returncode == 2
     assert "AGW_GRACE_S" in result.stderr

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 async def _agentgw(*args: str, tls_dir) -> tuple[int, str, str]:
     env = {**os.environ, "AGW_TLS_DIR": str(tls_dir)}
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "servicekit.cli", *args, env=env,
+        sys.executable, "-m", "agentgw.cli", *args, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(process.communicate(), 300)

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from servicekit import composecheck
+from agentgw import composecheck
 
 pytestmark = pytest.mark.integration
 

@@ -7,10 +7,10 @@ import datetime as dt
 
 import pytest
 
-from servicekit.connection import Connection
-from servicekit.doctor import Doctor, Status, served_certificate_check
+from agentgw.connection import Connection
+from agentgw.doctor import Doctor, Status, served_certificate_check
 from servicekit.identity import Identity
-from servicekit.pki import issue, server_names_for, write_identity
+from agentgw.pki import issue, server_names_for, write_identity
 from tests.support.pki import make_test_pki
 from tests.support.servers import scripted_app
 

@@ -12,7 +12,7 @@ import pytest
 
 from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from tests.support.grpc_client import health_status, mtls_channel
-from servicekit.supervisor import ServiceProcess
+from agentgw.supervisor import ServiceProcess
 
 pytestmark = pytest.mark.integration
 

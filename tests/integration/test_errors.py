@@ -53,10 +53,10 @@ async def test_unexpected_exception_is_internal_without_leaking_internals(pki):
 
 
 async def test_a_method_the_server_lacks_is_unimplemented_not_internal(pki):
-    # The scripted servicer has no OpenGenerate: the generated base class's
-    # body runs, which raises NotImplementedError. Callers (the gateway's
-    # fallback to Generate) must see UNIMPLEMENTED, not a server fault.
-    async with scripted_server(pki.root) as server:
+    # The scripted servicer with open_generate off raises NotImplementedError, as the
+    # generated base class's body does for a method a server lacks. Callers (the
+    # gateway's fallback to Generate) must see UNIMPLEMENTED, not a server fault.
+    async with scripted_server(pki.root, open_generate=False) as server:
         async with mtls_channel(server.port, pki.root) as channel:
             call = inference_pb2_grpc.InferenceStub(channel).OpenGenerate(timeout=5)
             with pytest.raises(grpc.aio.AioRpcError) as caught:

@@ -13,7 +13,7 @@ from cryptography import x509
 from agent.gateway.v1 import gateway_pb2 as pb
 from agent.inference.v1 import inference_pb2
 from retrieval.ingest import sample_corpus
-from servicekit.pki import ensure_dev_pki
+from agentgw.pki import ensure_dev_pki
 from tests.support.gateway_stack import gateway_server, gateway_stub
 from tests.support.pki import make_test_pki
 from tests.support.retrieval_service import passage_documents, retrieval_server

@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 
 from agent.inference.v1 import inference_pb2, inference_pb2_grpc
-from servicekit.supervisor import ServiceProcess
+from agentgw.supervisor import ServiceProcess
 
 #: Small limits so queueing and context errors are reachable in tests.
 TEST_ENGINE_ENV = {

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servicekit.identity import Identity, IdentityFiles
-from servicekit.pki import CaFiles, Issued, ensure_dev_pki, issue, new_ca, server_names_for, write_identity
+from agentgw.pki import CaFiles, Issued, ensure_dev_pki, issue, new_ca, server_names_for, write_identity
 
 #: Certificates under ``<root>/bad`` that every service must refuse (or that clients must refuse).
 BAD = {

@@ -25,6 +25,8 @@ import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import grpc
+
 from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from servicekit import InvalidArgument, ResourceExhausted, ServiceSettings, main_for, prefixed_config
 
@@ -36,6 +38,7 @@ class ScriptedSettings(ServiceSettings):
 
     identity: str = "inference"  # it stands in for the inference service, with its certificate
     warmup_s: float = 0.0
+    open_generate: bool = True  # false: answer OpenGenerate UNIMPLEMENTED, as a service older than it
     closed_file: Path | None = None
 
 
@@ -45,18 +48,45 @@ def parse_script(prompt: str) -> tuple[int, float, int]:
 
 
 class ScriptedInference(inference_pb2_grpc.InferenceServicer):
-    def __init__(self) -> None:
+    """Generate and OpenGenerate (unless ``open_generate`` is off, as an older service) with scripted output."""
+
+    def __init__(self, open_generate: bool = True) -> None:
+        self.open_generate = open_generate
         self.closed: list[str] = []
         #: Generate calls started (Chat turns that reached the engine).
         self.generations = 0
         #: Each Generate call's request metadata (what the gateway propagates).
         self.metadata: list[dict] = []
+        #: Each generation's request, as received (the prompt the gateway laid out).
+        self.requests: list[inference_pb2.GenerateRequest] = []
+        #: The chat prefix each OpenGenerate call received ahead of its request (None: none sent).
+        self.prefixes: list[inference_pb2.ChatMessages | None] = []
+        #: Calls by method name, counted as they arrive.
+        self.calls: dict[str, int] = {}
+
+    async def OpenGenerate(self, request_iterator, context):
+        if not self.open_generate:
+            raise NotImplementedError  # what the generated servicer does for a method a server lacks
+        self.calls["OpenGenerate"] = self.calls.get("OpenGenerate", 0) + 1
+        prefix = None
+        while True:
+            message = await context.read()
+            if message is grpc.aio.EOF:
+                raise InvalidArgument("request", "the call ended before its request")
+            if message.HasField("prefix"):
+                prefix = message.prefix
+                continue
+            break
+        self.prefixes.append(prefix)
+        async for response in self.Generate(message.request, context):
+            yield response
 
     async def Generate(self, request, context):
         # A plain prompt is the script; a chat's script is its last message (the user's, through Chat).
         script = request.chat.messages[-1].content if request.HasField("chat") else request.prompt
         tokens, delay, pad = parse_script(script.rsplit("Question: ", 1)[-1])
         self.generations += 1
+        self.requests.append(request)
         self.metadata.append(dict(context.invocation_metadata()))
         if "crash" in script.split():
             raise RuntimeError("scripted crash inside the inference service")
@@ -87,7 +117,7 @@ class ScriptedApp:
 
     def __init__(self, settings: ScriptedSettings) -> None:
         self.settings = settings
-        self.servicer = ScriptedInference()
+        self.servicer = ScriptedInference(open_generate=settings.open_generate)
 
     def register(self, server) -> None:
         inference_pb2_grpc.add_InferenceServicer_to_server(self.servicer, server)

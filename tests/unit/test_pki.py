@@ -9,7 +9,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from servicekit.identity import SERVICE_NAMES, Identity, IdentityFiles, validate_name
-from servicekit.pki import LOOPBACK_NAMES, ensure_dev_pki
+from agentgw.pki import LOOPBACK_NAMES, ensure_dev_pki
 
 pytestmark = pytest.mark.unit
 

@@ -7,8 +7,8 @@ import subprocess
 import sys
 import time
 
-from servicekit.connection import Connection
-from servicekit.doctor import Doctor, Status
+from agentgw.connection import Connection
+from agentgw.doctor import Doctor, Status
 from servicekit.procfs import autogroups_enabled, cpu_scheduling_group, runqueue_wait_s
 
 _HOG = "import os, time\nos.sched_setaffinity(0, {{{cpu}}})\nend = time.time() + {seconds}\nwhile time.time() < end: pass\n"

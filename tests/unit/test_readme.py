@@ -16,7 +16,7 @@ pytestmark = pytest.mark.unit
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 #: Read from the environment outside the Settings classes.
-OTHER_VARIABLES = {"AGW_TRACE_FILE", "AGW_TEST_DATABASE_URL"}
+OTHER_VARIABLES = {"AGW_TEST_DATABASE_URL"}
 
 
 def _documented() -> set[str]:

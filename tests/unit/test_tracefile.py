@@ -8,8 +8,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import Status, StatusCode
 
-from servicekit import cli
-from servicekit.tracefile import JsonLinesSpanExporter, read_trace, render_waterfall
+from agentgw import cli
+from agentgw.trace import read_trace, render_waterfall
+from servicekit.tracefile import JsonLinesSpanExporter
 
 pytestmark = pytest.mark.unit
 

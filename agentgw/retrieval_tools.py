@@ -36,10 +36,14 @@ def add_arguments(ingest: argparse.ArgumentParser, tune: argparse.ArgumentParser
     tune.add_argument("--queries", type=Path, help="file with one query per line, instead of sampled documents")
 
 
-def _channel(args, settings: ServiceSettings):
-    spec = ChannelSpec(target=args.target, tls=ClientTls.for_identity(settings.tls_dir, args.identity),
+def channel_spec(args, settings: ServiceSettings) -> ChannelSpec:
+    """The channel ``ingest`` and ``tune-ef`` open: the operator's certificate, the settings' keepalive."""
+    return ChannelSpec(target=args.target, tls=ClientTls.for_identity(settings.tls_dir, args.identity),
                        services=[RETRIEVAL_SERVICE], keepalive=settings.keepalive)
-    return open_channel(spec)
+
+
+def _channel(args, settings: ServiceSettings):
+    return open_channel(channel_spec(args, settings))
 
 
 def _progress(done: int, total: int) -> None:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from servicekit.channels import ChannelSpec, open_channel
 from servicekit.identity import DEFAULT_OPERATOR, DEFAULT_TENANT, Identity
+from servicekit.keepalive import KeepalivePolicy
 from servicekit.tls import ClientTls
 
 FILE_NAME = "connection.json"
@@ -43,11 +44,17 @@ class Connection:
     metrics: MetricsPorts = field(default_factory=MetricsPorts)
     trace_file: str = ""
     pids: dict[str, int] = field(default_factory=dict)
+    #: This machine's keepalive policy (AGW_KEEPALIVE_*), not the file's: clients and servers must agree.
+    keepalive: KeepalivePolicy = field(default_factory=KeepalivePolicy, compare=False)
+
+    def with_keepalive(self, keepalive: KeepalivePolicy) -> Connection:
+        return replace(self, keepalive=keepalive)
 
     def write(self, home: Path) -> Path:
         path = Path(home) / FILE_NAME
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        data = {key: value for key, value in asdict(self).items() if key != "keepalive"}
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
         os.replace(tmp, path)  # readers never see half a file
         return path
 
@@ -64,6 +71,13 @@ class Connection:
         return cls(**data)
 
     @classmethod
+    def for_cli(cls, settings, target: str | None, tls_dir: Path | None, identity: str,
+                operator: str = DEFAULT_OPERATOR) -> Connection:
+        """What ``agentgw chat`` and ``doctor`` connect with: :meth:`for_client` under the settings' AGW_HOME,
+        with the settings' keepalive policy (the servers' ping policy comes from the same numbers)."""
+        return cls.for_client(settings.home, target, tls_dir, identity, operator).with_keepalive(settings.keepalive)
+
+    @classmethod
     def for_client(cls, home: Path, target: str | None, tls_dir: Path | None, identity: str,
                    operator: str = DEFAULT_OPERATOR) -> Connection:
         """An explicit ``--target``/``--tls-dir``, else the connection file under ``home``."""
@@ -73,8 +87,13 @@ class Connection:
             raise NoConnection("--target needs --tls-dir (the folder of agentgw certs: tenant/<name>/, operator/<name>/)")
         return cls(gateway=target, tls_dir=str(tls_dir), identity=identity, operator=operator)
 
+    def spec(self, target: str, identity: Identity) -> ChannelSpec:
+        """How a client channel to ``target`` is built: ``identity``'s certificate, this machine's keepalive."""
+        return ChannelSpec(target=target, tls=ClientTls.for_identity(Path(self.tls_dir), identity),
+                           keepalive=self.keepalive)
+
     def _channel(self, target: str, identity: Identity):
-        return open_channel(ChannelSpec(target=target, tls=ClientTls.for_identity(Path(self.tls_dir), identity)))
+        return open_channel(self.spec(target, identity))
 
     def gateway_channel(self):
         """A channel to the gateway as this machine's tenant."""

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 from pathlib import Path
 
 from servicekit.identity import DEFAULT_OPERATOR, DEFAULT_TENANT
-from servicekit.pki import DEFAULT_LEAF_DAYS, ensure_dev_pki
+from agentgw.pki import DEFAULT_LEAF_DAYS, ensure_dev_pki
 from servicekit.settings import ServiceSettings, SettingsError, load_settings
 
 #: ``agentgw serve NAME`` runs ``main()`` of these modules.
@@ -56,20 +55,13 @@ def _certs(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    overrides = {}
     if args.workers is not None:
         if args.service != "gateway":
             print("agentgw serve: --workers applies to the gateway only", file=sys.stderr)
             return 2
-        os.environ["AGW_GATEWAY_WORKERS"] = str(args.workers)
-    module_name = SERVICES[args.service]
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
-            print(f"agentgw serve {args.service}: this service is not built yet ({module_name})", file=sys.stderr)
-            return 2
-        raise
-    return module.main()
+        overrides["workers"] = args.workers
+    return importlib.import_module(SERVICES[args.service]).main(**overrides)
 
 
 def _smoke_model(args: argparse.Namespace) -> int:
@@ -84,7 +76,7 @@ def _smoke_model(args: argparse.Namespace) -> int:
 def _retrieval_client(args: argparse.Namespace) -> int:
     import grpc
 
-    from retrieval import cli as retrieval_cli
+    from agentgw import retrieval_tools as retrieval_cli
 
     settings = _shared_settings()
     try:
@@ -98,11 +90,12 @@ def _retrieval_client(args: argparse.Namespace) -> int:
 
 
 def _trace(args: argparse.Namespace) -> int:
-    from servicekit.tracefile import TRACE_FILE_ENV, read_trace, render_waterfall
+    from agentgw.trace import read_trace, render_waterfall
 
-    path = args.file or os.environ.get(TRACE_FILE_ENV) or _shared_settings().home / "traces.jsonl"
+    settings = _shared_settings()
+    path = args.file or settings.trace_file or settings.home / "traces.jsonl"
     if not Path(path).exists():
-        print(f"agentgw trace: no span file at {path}; run the services with {TRACE_FILE_ENV} set "
+        print(f"agentgw trace: no span file at {path}; run the services with AGW_TRACE_FILE set "
               "(agentgw up sets it), or pass --file", file=sys.stderr)
         return 2
     spans = read_trace(Path(path), args.trace_id)
@@ -115,7 +108,7 @@ def _trace(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from servicekit.stack import up
+    from agentgw.stack import up
 
     try:
         return up()
@@ -125,20 +118,19 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _chat(args: argparse.Namespace) -> int:
-    from gateway import chat_client
+    from agentgw import chat as chat_client
 
-    return chat_client.main(args, _shared_settings().home)
+    return chat_client.main(args, _shared_settings())
 
 
 def _doctor(args: argparse.Namespace) -> int:
     import asyncio
 
-    from servicekit.connection import Connection, NoConnection
-    from servicekit.doctor import Doctor, report
+    from agentgw.connection import Connection, NoConnection
+    from agentgw.doctor import Doctor, report
 
     try:
-        connection = Connection.for_client(_shared_settings().home, args.target, args.tls_dir, args.identity,
-                                           args.operator)
+        connection = Connection.for_cli(_shared_settings(), args.target, args.tls_dir, args.identity, args.operator)
     except NoConnection as exc:
         print(f"agentgw doctor: {exc}", file=sys.stderr)
         return 2
@@ -172,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ingest = commands.add_parser("ingest", help="chunk text/Markdown files (or --sample) into a collection")
     tune = commands.add_parser("tune-ef", help="tune a collection's hnsw_ef to a recall target")
-    from retrieval.cli import add_arguments
+    from agentgw.retrieval_tools import add_arguments
 
     add_arguments(ingest, tune)
     ingest.set_defaults(func=_retrieval_client)
@@ -187,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.set_defaults(func=_up)
 
     chat = commands.add_parser("chat", help="ask the running stack a question (or chat interactively)")
-    from gateway.chat_client import add_arguments as add_chat_arguments
+    from agentgw.chat import add_arguments as add_chat_arguments
 
     add_chat_arguments(chat)
     chat.set_defaults(func=_chat)

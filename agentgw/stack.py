@@ -27,10 +27,10 @@ import time
 import warnings
 from contextlib import ExitStack, contextmanager
 
-from servicekit.connection import Connection, MetricsPorts
-from servicekit.pki import ensure_dev_pki
+from agentgw.connection import Connection, MetricsPorts
+from agentgw.pki import ensure_dev_pki
 from servicekit.settings import ServiceSettings, load_settings
-from servicekit.supervisor import ServiceProcess, ServiceStartError
+from agentgw.supervisor import ServiceProcess, ServiceStartError
 
 SAMPLE_COLLECTION = "docs"
 #: Prometheus ports, one per service, when AGW_*_METRICS_PORT is not set.
@@ -56,8 +56,7 @@ class Progress:
 
 
 @contextmanager
-def _postgres(settings: ServiceSettings, progress: Progress):
-    url = os.environ.get("AGW_DATABASE_URL")
+def _postgres(settings: ServiceSettings, url: str | None, progress: Progress):
     if url:
         with progress.step("Postgres (AGW_DATABASE_URL)"):
             pass
@@ -151,6 +150,38 @@ def _interrupt_start_up() -> None:
         signal.signal(signum, handler)
 
 
+def _connection(settings: ServiceSettings, ports: dict, processes: dict) -> Connection:
+    """What ``agentgw chat`` and ``doctor`` need to find the running stack."""
+    return Connection(
+        gateway=f"127.0.0.1:{ports['gateway'][0]}",
+        retrieval=f"127.0.0.1:{ports['retrieval'][0]}",
+        inference=f"127.0.0.1:{ports['inference'][0]}",
+        tls_dir=str(settings.tls_dir.resolve()),
+        metrics=MetricsPorts(**{name: port[1] for name, port in ports.items()}),
+        trace_file=str((settings.home / "traces.jsonl").resolve()),
+        pids={name: process.pid for name, process in processes.items()},
+        keepalive=settings.keepalive,
+    )
+
+
+def _ingest_once(settings: ServiceSettings, connection: Connection, progress: Progress) -> None:
+    """The sample corpus, on the first run only (a marker file remembers it)."""
+    marker = settings.home / f"sample-{SAMPLE_COLLECTION}.ingested"
+    if not marker.exists():
+        with progress.step(f"sample corpus into collection {SAMPLE_COLLECTION!r} (first run only)"):
+            count = asyncio.run(_ingest_sample(connection))
+        marker.write_text(f"{count}\n")
+
+
+def _print_ready(connection: Connection, path) -> None:
+    print(f"\nready: gateway at {connection.gateway} (mTLS, certificates in {connection.tls_dir})")
+    print(f"  connection file {path}")
+    print('  ask:     agentgw chat "What does the with statement do?"')
+    print("  check:   agentgw doctor")
+    print(f"  metrics: http://127.0.0.1:{connection.metrics.gateway}/metrics (gateway)")
+    print("Ctrl-C drains and stops everything.", flush=True)
+
+
 def up() -> int:
     """Run the stack until interrupted; 0 after a clean stop, 1 if a service failed to start."""
     from gateway.settings import GatewaySettings
@@ -169,7 +200,8 @@ def up() -> int:
         try:
             with progress.step(f"dev certificates ({settings.tls_dir})"):
                 ensure_dev_pki(settings.tls_dir, trust_domain=settings.trust_domain)
-            database_url = stack.enter_context(_postgres(settings, progress))
+            database_url = stack.enter_context(_postgres(settings, load_settings(GatewaySettings).database_url,
+                                                         progress))
             inference_settings = load_settings(InferenceSettings)
             if not inference_settings.model:
                 with progress.step("smoke model (offline, random weights)"):
@@ -198,28 +230,11 @@ def up() -> int:
             print(f"\nagentgw up: a service failed to start: {exc}", file=sys.stderr)
             return 1
 
-        connection = Connection(
-            gateway=f"127.0.0.1:{ports['gateway'][0]}",
-            retrieval=f"127.0.0.1:{ports['retrieval'][0]}",
-            inference=f"127.0.0.1:{ports['inference'][0]}",
-            tls_dir=str(settings.tls_dir.resolve()),
-            metrics=MetricsPorts(**{name: port[1] for name, port in ports.items()}),
-            trace_file=str((settings.home / "traces.jsonl").resolve()),
-            pids={name: process.pid for name, process in processes.items()},
-        )
-        marker = settings.home / f"sample-{SAMPLE_COLLECTION}.ingested"
-        if not marker.exists():
-            with progress.step(f"sample corpus into collection {SAMPLE_COLLECTION!r} (first run only)"):
-                count = asyncio.run(_ingest_sample(connection))
-            marker.write_text(f"{count}\n")
+        connection = _connection(settings, ports, processes)
+        _ingest_once(settings, connection, progress)
         path = connection.write(settings.home)
         stack.callback(path.unlink, missing_ok=True)
-        print(f"\nready: gateway at {connection.gateway} (mTLS, certificates in {connection.tls_dir})")
-        print(f"  connection file {path}")
-        print('  ask:     agentgw chat "What does the with statement do?"')
-        print("  check:   agentgw doctor")
-        print(f"  metrics: http://127.0.0.1:{connection.metrics.gateway}/metrics (gateway)")
-        print("Ctrl-C drains and stops everything.", flush=True)
+        _print_ready(connection, path)
         signum = _wait_for_signal()
         print(f"\n{signal.Signals(signum).name}: draining the gateway, then the backends", flush=True)
     print("stopped.")

@@ -21,7 +21,7 @@ from agent.gateway.v1 import gateway_pb2 as pb
 from agent.gateway.v1 import gateway_pb2_grpc
 from agent.inference.v1 import inference_pb2
 from servicekit.channels import wait_ready
-from servicekit.connection import Connection, NoConnection
+from agentgw.connection import Connection, NoConnection
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -110,9 +110,9 @@ async def _run(args: argparse.Namespace, connection: Connection) -> int:
     return 0
 
 
-def main(args: argparse.Namespace, home: Path) -> int:
+def main(args: argparse.Namespace, settings) -> int:
     try:
-        connection = Connection.for_client(home, args.target, args.tls_dir, args.identity)
+        connection = Connection.for_cli(settings, args.target, args.tls_dir, args.identity)
         return asyncio.run(_run(args, connection))
     except NoConnection as exc:
         print(f"agentgw chat: {exc}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""``python -m servicekit.healthcheck``: exit 0 when the local service's gRPC health says SERVING.
+"""``python -m agentgw.healthcheck``: exit 0 when the local service's gRPC health says SERVING.
 
 For container health checks and exec probes. It finds the service from the one
 ``AGW_<SERVICE>_PORT`` in the environment (or ``--port`` and ``--identity``),
@@ -46,7 +46,7 @@ def _service(port: int | None, identity: str | None) -> tuple[int, Identity]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m servicekit.healthcheck", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m agentgw.healthcheck", description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int)
     parser.add_argument("--identity", help="certificate to present, kind/name (default: the service's own)")
     parser.add_argument("--timeout", type=float, default=3.0)

@@ -1,6 +1,6 @@
 """Static checks of ``compose/docker-compose.yml`` against the code, for machines without Docker.
 
-``python -m servicekit.composecheck [FILE]`` prints one line per problem and
+``python -m agentgw.composecheck [FILE]`` prints one line per problem and
 exits 1 if there are any. What it holds the file to:
 - every service has a health check, and every image a pinned version;
 - ``depends_on`` waits on health (or on a one-shot's successful exit);
@@ -37,8 +37,8 @@ SETTINGS = {
     "retrieval": "retrieval.settings:RetrievalSettings",
     "inference": "inference.settings:InferenceSettings",
 }
-#: Variables our code reads outside the Settings classes.
-EXTRA_VARIABLES = {"AGW_TRACE_FILE"}
+#: Variables our code reads outside the Settings classes: none.
+EXTRA_VARIABLES: set[str] = set()
 DEFAULT_FILE = Path(__file__).resolve().parents[1] / "compose" / "docker-compose.yml"
 
 

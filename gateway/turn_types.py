@@ -1,0 +1,77 @@
+"""What a Chat turn produces, as typed values: the servicer turns them into protobuf at its edge.
+
+The turn itself (``gateway.chat``) yields :class:`ContextReady`, then
+:class:`Delta` after :class:`Delta`, then one :class:`Finished`; ``gateway.convert``
+is the one place that knows the ``agent.gateway.v1`` messages they become.
+Backend contract values (retrieved documents, the engine's usage and timings)
+travel as the backends sent them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from agent.inference.v1 import inference_pb2
+from agent.retrieval.v1 import retrieval_pb2
+
+from gateway.turn_metrics import DegradedCause
+
+
+@dataclass
+class StageTimes:
+    """Where a turn's time went, in milliseconds, as the gateway measured it."""
+
+    admission_ms: float = 0.0
+    history_ms: float = 0.0
+    retrieval_ms: float = 0.0
+    first_token_ms: float = 0.0
+    generation_ms: float = 0.0
+    persist_ms: float = 0.0
+    total_ms: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class ContextReady:
+    """The passages retrieved for the turn, best first."""
+
+    documents: list[retrieval_pb2.ScoredDocument]
+
+
+@dataclass(frozen=True)
+class Delta:
+    """Text generated since the previous delta."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a turn ended: always its last event."""
+
+    finish_reason: int = 0
+    usage: inference_pb2.Usage | None = None
+    timings: StageTimes = field(default_factory=StageTimes)
+    degraded: tuple[DegradedCause, ...] = ()
+    trace_id: str = ""
+    session_id: str = ""
+    replayed: bool = False
+    engine_timings: inference_pb2.GenerationTimings | None = None
+    #: A replayed turn's reasons, as they were stored (its causes are not kept, only what the client was told).
+    stored_reason: str = ""
+
+    @property
+    def degraded_reason(self) -> str:
+        return self.stored_reason or "; ".join(cause.reason for cause in self.degraded)
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The turn's summary, once it is stored."""
+
+    outcome: Outcome
+
+
+TurnEvent = ContextReady | Delta | Finished

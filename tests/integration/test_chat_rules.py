@@ -1,0 +1,90 @@
+"""The Chat turn's rules, without an engine: the scripted inference service records the prompts the gateway lays out.
+
+Fast (seconds): the early call with the history sent ahead, the history window
+moving in steps, persist-before-final, and the fallback to Generate for an
+inference service without OpenGenerate. Degrading and idempotency are in
+test_public_edge.py and test_idempotency.py; the same paths on real vLLM in
+tests/e2e/test_chat.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.gateway.v1 import gateway_pb2 as pb
+from agent.inference.v1 import inference_pb2
+from tests.support.gateway_stack import gateway_server, gateway_stub
+from tests.support.retrieval_service import retrieval_server
+from tests.support.servers import scripted_app
+
+pytestmark = pytest.mark.integration
+
+
+async def _turn(stub, **fields) -> list[pb.ChatResponse]:
+    return [event async for event in stub.Chat(pb.ChatRequest(**fields), timeout=20)]
+
+
+@pytest.fixture(scope="module")
+async def rules(tmp_path_factory, pki, database_url):
+    async with retrieval_server(tmp_path_factory.mktemp("rules-retrieval"), pki.root) as (retrieval, _), \
+            scripted_app(pki.root) as (inference, scripted), \
+            gateway_server(pki.root, inference.port, retrieval.port, database_url=database_url,
+                           history_messages=4, history_window_step=4) as (gateway, _):
+        async with gateway_stub(gateway.port, pki.root) as stub, \
+                gateway_stub(gateway.port, pki.root) as reader:
+            yield stub, reader, scripted.servicer
+
+
+async def test_the_early_call_carries_the_history_ahead_of_the_request(rules):
+    stub, _, scripted = rules
+    session = (await stub.CreateSession(pb.CreateSessionRequest(), timeout=10)).session.id
+    await _turn(stub, session_id=session, message="tokens=1 first")
+    opened = scripted.calls.get("OpenGenerate", 0)
+    await _turn(stub, session_id=session, message="tokens=1 second", system_prompt="Be brief.")
+    assert scripted.calls["OpenGenerate"] == opened + 1  # the turn's call was OpenGenerate, not Generate
+    prefix, request = scripted.prefixes[-1], scripted.requests[-1]
+    assert [(m.role, m.content) for m in prefix.messages] == [
+        (inference_pb2.ROLE_SYSTEM, "Be brief."), (inference_pb2.ROLE_USER, "tokens=1 first"),
+        (inference_pb2.ROLE_ASSISTANT, "t0 ")]
+    assert list(request.chat.messages)[:3] == list(prefix.messages)  # the request starts with what came ahead
+    assert request.chat.messages[-1].content == "tokens=1 second"
+
+
+async def test_the_history_window_moves_in_steps(rules):
+    stub, _, scripted = rules
+    session = (await stub.CreateSession(pb.CreateSessionRequest(), timeout=10)).session.id
+    carried = []
+    for turn in range(6):
+        await _turn(stub, session_id=session, message=f"tokens=1 q{turn}")
+        history = list(scripted.requests[-1].chat.messages)[1:-1]  # between the system prompt and the question
+        carried.append([m.content for m in history if m.role == inference_pb2.ROLE_USER])
+    # history_messages=4, step=4: the window starts on ordinals 0, 0, 4, 4, 8 (user messages q0, q0, q2, q2, q4),
+    # so the prompt's start stays put for two turns at a time and the engine's prefix cache keeps matching.
+    assert carried == [[], ["tokens=1 q0"], ["tokens=1 q0", "tokens=1 q1"], ["tokens=1 q2"],
+                       ["tokens=1 q2", "tokens=1 q3"], ["tokens=1 q4"]]
+
+
+async def test_the_final_event_comes_after_the_turn_is_stored(rules):
+    stub, reader, _ = rules
+    session = (await stub.CreateSession(pb.CreateSessionRequest(), timeout=10)).session.id
+    async for event in stub.Chat(pb.ChatRequest(session_id=session, message="tokens=2 stored?"), timeout=20):
+        if event.HasField("final"):
+            # Read on another connection the moment the final event arrives: both messages are there already.
+            stored = (await reader.ListMessages(pb.ListMessagesRequest(session_id=session), timeout=10)).messages
+            assert [(m.role, m.content) for m in stored] == [
+                (inference_pb2.ROLE_USER, "tokens=2 stored?"), (inference_pb2.ROLE_ASSISTANT, "t0 t1 ")]
+            assert stored[0].trace_id == event.final.trace_id
+
+
+async def test_turns_fall_back_to_generate_where_the_inference_service_lacks_open_generate(tmp_path, pki,
+                                                                                          database_url):
+    async with scripted_app(pki.root, open_generate=False) as (inference, scripted), \
+            retrieval_server(tmp_path / "retrieval", pki.root) as (retrieval, _), \
+            gateway_server(pki.root, inference.port, retrieval.port, database_url=database_url) as (gateway, app):
+        async with gateway_stub(gateway.port, pki.root) as stub:
+            for _ in range(2):
+                events = await _turn(stub, message="Hello?")
+                assert "".join(e.delta.text for e in events if e.HasField("delta")) == "t0 t1 t2 "
+                assert not events[-1].final.degraded
+        assert not app.servicer.backends.inference_opens_early  # it stopped trying after the first refusal
+        assert scripted.servicer.generations == 2 and "OpenGenerate" not in scripted.servicer.calls
