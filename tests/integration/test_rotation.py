@@ -40,7 +40,7 @@ def _served_serial(port: int, pki) -> str:
         return format(x509.load_der_x509_certificate(tls.getpeercert(binary_form=True)).serial_number, "x")
 
 
-async def _until(predicate, what: str, timeout: float = 10) -> None:
+async def _until(predicate, what: str, timeout: float = 20) -> None:
     for _ in range(int(timeout / 0.05)):
         if predicate():
             return
