@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -12,9 +13,33 @@ from servicekit import running_service
 from tests.support.scripted_inference import ScriptedApp, ScriptedSettings
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    """A loopback port free now (for a process that must be told its port in advance)."""
-    with socket.socket() as sock:
+    """A loopback port free now (for a process that must be told its port in advance).
+
+    Chosen outside the kernel's ephemeral range: a port the kernel handed out
+    here could be handed out again, to any process's outgoing connection or
+    bind to port 0 (vLLM's engine processes make several), before the process
+    told to listen on it starts. Seen in CI: a gateway's metrics port taken
+    while the inference service of the same stack was starting.
+    """
+    low, high = _ephemeral_range()
+    candidates = [port for port in range(20_000, 32_000) if not low <= port <= high]
+    for port in random.sample(candidates, 50) if candidates else ():
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:  # every sampled port taken: let the kernel choose
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
