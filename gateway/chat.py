@@ -23,7 +23,6 @@ import grpc
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
-from agent.gateway.v1 import gateway_pb2 as pb
 from agent.inference.v1 import inference_pb2
 from agent.retrieval.v1 import retrieval_pb2
 from servicekit.errors import InvalidArgument, NotFound, ResourceExhausted, ServiceError, Unavailable
@@ -35,12 +34,11 @@ from gateway.database import Database
 from gateway.generation_call import GenerationCall
 from gateway.history import history_window
 from gateway.prompt import conversation, generate_request, user_turn
-from gateway.sessions import parse_session_id
 from gateway.settings import GatewaySettings
 from gateway.tenancy import cache_salt_for, physical_collection
 from gateway.turn_metrics import DegradedCause, record_turn
 from gateway.turn_store import Claim, StoredTurn, TurnStore
-from gateway.turn_types import ContextReady, Delta, Finished, Outcome, StageTimes
+from gateway.turn_types import ContextReady, Delta, Finished, Outcome, StageTimes, TurnRequest
 
 log = logging.getLogger(__name__)
 _TRACER = trace.get_tracer("agent-gateway.chat")
@@ -76,7 +74,7 @@ class Clock:
 class _Turn:
     """What one turn gathers as it runs."""
 
-    request: pb.ChatRequest
+    request: TurnRequest
     tenant: str
     timings: StageTimes
     system_prompt: str
@@ -97,14 +95,6 @@ class ChatTurns:
         self.store = TurnStore(database)
         self._releases: set[asyncio.Task] = set()
 
-    def _validate(self, request: pb.ChatRequest) -> uuid.UUID | None:
-        # Sizes were checked at the edge (gateway.bounds); these are the turn's own rules.
-        if not request.message.strip():
-            raise InvalidArgument("message", "is empty; send the user's message")
-        if request.idempotency_key and not request.session_id:
-            raise InvalidArgument("idempotency_key", "needs a session_id: stateless turns store nothing to replay")
-        return parse_session_id(request.session_id) if request.session_id else None
-
     async def _history(self, tenant: str, session_id: uuid.UUID | None) -> tuple[list[tuple[str, str]], bool]:
         if session_id is None:
             return [], False
@@ -114,15 +104,14 @@ class ChatTurns:
                                 step=self.settings.history_window_step)
         return [(row["role"], row["content"]) for row in window.messages], window.trimmed
 
-    async def _retrieve(self, tenant: str, request: pb.ChatRequest, context) -> list[retrieval_pb2.ScoredDocument]:
-        options = request.retrieval
-        if not request.HasField("retrieval") or not options.collection or (
-                options.HasField("enabled") and not options.enabled):
+    async def _retrieve(self, tenant: str, request: TurnRequest, context) -> list[retrieval_pb2.ScoredDocument]:
+        ask = request.retrieval
+        if ask is None:
             return []
         search = retrieval_pb2.SearchRequest(
-            collection=physical_collection(tenant, options.collection, "retrieval.collection"),
-            text=request.message, top_k=options.top_k or self.settings.retrieval_top_k,
-            filter=options.filter, payload_fields=list(options.payload_fields) or ["text"],
+            collection=physical_collection(tenant, ask.collection, "retrieval.collection"),
+            text=request.message, top_k=ask.top_k or self.settings.retrieval_top_k,
+            filter=ask.filter, payload_fields=list(ask.payload_fields) or ["text"],
         )
         return list((await self.backends.search(search, context)).results)
 
@@ -141,8 +130,8 @@ class ChatTurns:
         self._releases.add(task)
         task.add_done_callback(self._releases.discard)
 
-    async def run(self, tenant: str, request: pb.ChatRequest, context, admitted_at: float, clock: Clock):
-        session_id = self._validate(request)
+    async def run(self, tenant: str, request: TurnRequest, context, admitted_at: float, clock: Clock):
+        session_id = request.session_id
         trace_id = trace_id_hex()  # the call's server span, opened by the edge interceptor
         timings = StageTimes(admission_ms=(admitted_at - clock.started) * 1000)
 
@@ -236,7 +225,7 @@ class ChatTurns:
         cache_salt = cache_salt_for(self.settings.prefix_cache, turn.tenant)
 
         def prompt(past: list[tuple[str, str]]) -> inference_pb2.GenerateRequest:
-            return generate_request(turn.system_prompt, past, user, request.generation, cache_salt)
+            return generate_request(turn.system_prompt, past, user, request.sampling, cache_salt)
 
         generation_started = time.perf_counter()
         # Not "current" across the yields below: a context attached in an
@@ -284,7 +273,8 @@ class ChatTurns:
         result, timings = turn.result, turn.timings
         outcome = Outcome(
             finish_reason=result.finish_reason if result else 0, usage=result.usage if result else None,
-            timings=timings, degraded=tuple(turn.degraded), trace_id=trace_id, session_id=turn.request.session_id,
+            timings=timings, degraded=tuple(turn.degraded), trace_id=trace_id,
+            session_id=str(session_id) if session_id is not None else "",
             engine_timings=result.timings if result else None)
         if session_id is not None:
             persist_started = time.perf_counter()

@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import hashlib
+
 from google.protobuf import timestamp_pb2
 
 from agent.gateway.v1 import gateway_pb2 as pb
 from agent.inference.v1 import inference_pb2
 
-from gateway.sessions import MessageRecord, SessionRecord
-from gateway.turn_types import ContextReady, Delta, Finished, Outcome, StageTimes, TurnEvent
+from servicekit.errors import InvalidArgument
+
+from gateway.sessions import MessageRecord, SessionRecord, parse_session_id
+from gateway.turn_types import (
+    ContextReady,
+    Delta,
+    Finished,
+    Outcome,
+    RetrievalAsk,
+    StageTimes,
+    TurnEvent,
+    TurnRequest,
+)
 
 
 def role_from_name(name: str) -> int:
@@ -63,3 +76,35 @@ def turn_event_to_proto(event: TurnEvent) -> pb.ChatResponse:
     if isinstance(event, Finished):
         return pb.ChatResponse(final=outcome_to_proto(event.outcome))
     raise TypeError(f"not a turn event: {event!r}")
+
+
+def turn_fingerprint(request: pb.ChatRequest) -> str:
+    """What makes two requests "the same turn" for an idempotency key: a hash of what decides the answer
+    (message, system prompt, retrieval options, generation parameters)."""
+    digest = hashlib.sha256()
+    for part in (request.message.encode(), request.system_prompt.encode(),
+                 request.retrieval.SerializeToString(deterministic=True),
+                 request.generation.SerializeToString(deterministic=True)):
+        digest.update(len(part).to_bytes(8, "big"))
+        digest.update(part)
+    return digest.hexdigest()
+
+
+def turn_request_from_proto(request: pb.ChatRequest) -> TurnRequest:
+    """A Chat request as the turn takes it, with the turn's own rules checked (sizes: gateway.bounds)."""
+    if not request.message.strip():
+        raise InvalidArgument("message", "is empty; send the user's message")
+    if request.idempotency_key and not request.session_id:
+        raise InvalidArgument("idempotency_key", "needs a session_id: stateless turns store nothing to replay")
+    options = request.retrieval
+    wanted = request.HasField("retrieval") and options.collection and not (
+        options.HasField("enabled") and not options.enabled)
+    retrieval = RetrievalAsk(options.collection, options.top_k,
+                             options.filter if options.HasField("filter") else None,
+                             tuple(options.payload_fields)) if wanted else None
+    return TurnRequest(
+        message=request.message,
+        session_id=parse_session_id(request.session_id) if request.session_id else None,
+        system_prompt=request.system_prompt, retrieval=retrieval, sampling=request.generation,
+        idempotency_key=request.idempotency_key,
+        fingerprint=turn_fingerprint(request) if request.idempotency_key else "")

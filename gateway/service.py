@@ -28,7 +28,7 @@ from gateway.admission import Admission
 from gateway.backends import Backends, open_backends
 from gateway.bounds import Bounds
 from gateway.chat import ChatTurns, Clock
-from gateway.convert import message_to_proto, session_to_proto, turn_event_to_proto
+from gateway.convert import message_to_proto, session_to_proto, turn_event_to_proto, turn_request_from_proto
 from gateway.database import embedded_postgres_url, open_database
 from gateway.sessions import Sessions
 from gateway.settings import GatewaySettings
@@ -165,10 +165,11 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
         clock = Clock(time.perf_counter())
         tenant = self._tenant(context)
         self.bounds.chat(request)
+        turn = turn_request_from_proto(request)
         with ExitStack() as slot:
             self._admit(slot, tenant)  # held for the whole turn
             admitted_at = time.perf_counter()
-            async for event in self.turns.run(tenant, request, context, admitted_at, clock):
+            async for event in self.turns.run(tenant, turn, context, admitted_at, clock):
                 yield turn_event_to_proto(event)
 
     async def CreateSession(self, request, context):

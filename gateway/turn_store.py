@@ -17,7 +17,6 @@ the turn may run. So every worker and pod agrees on who answers:
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import time
@@ -29,24 +28,13 @@ from servicekit.errors import Aborted, FailedPrecondition, NotFound
 
 from gateway.convert import outcome_from_proto, outcome_to_proto
 from gateway.database import Database
-from gateway.turn_types import Outcome
+from gateway.turn_types import Outcome, TurnRequest
 
 log = logging.getLogger(__name__)
 
 #: How often a turn waiting on another's claim asks again, at most and at first.
 POLL_MAX_S = 0.25
 POLL_FIRST_S = 0.02
-
-
-def fingerprint(request: pb.ChatRequest) -> str:
-    """What makes two requests "the same turn" for an idempotency key: a hash of what decides the answer."""
-    digest = hashlib.sha256()
-    for part in (request.message.encode(), request.system_prompt.encode(),
-                 request.retrieval.SerializeToString(deterministic=True),
-                 request.generation.SerializeToString(deterministic=True)):
-        digest.update(len(part).to_bytes(8, "big"))
-        digest.update(part)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -96,7 +84,7 @@ class TurnStore:
             raise NotFound(f"session {session_id} does not exist")
         return [row for row in rows if row["ordinal"] is not None]
 
-    async def claim(self, tenant: str, session_id: uuid.UUID, request: pb.ChatRequest, *, lease_s: float,
+    async def claim(self, tenant: str, session_id: uuid.UUID, request: TurnRequest, *, lease_s: float,
                     wait_s: float) -> Claim | StoredTurn:
         """Claim the request's key, or wait up to ``wait_s`` for the turn that holds it and return its answer.
 
@@ -105,7 +93,7 @@ class TurnStore:
             FailedPrecondition: the key was used for a different request.
             Aborted: another turn still holds the key after ``wait_s``.
         """
-        key, print_ = request.idempotency_key, fingerprint(request)
+        key, print_ = request.idempotency_key, request.fingerprint
         holder = uuid.uuid4()
         deadline = time.monotonic() + wait_s
         pause = POLL_FIRST_S
@@ -137,7 +125,7 @@ class TurnStore:
             "DELETE FROM agw_turn_claims WHERE session_id = $1 AND idempotency_key = $2 AND holder = $3",
             claim.session_id, claim.key, claim.holder))
 
-    async def store(self, tenant: str, session_id: uuid.UUID, request: pb.ChatRequest, claim: Claim | None, *,
+    async def store(self, tenant: str, session_id: uuid.UUID, request: TurnRequest, claim: Claim | None, *,
                     answer: str, outcome: Outcome, trace_id: str, user_tokens: int) -> None:
         """Append the user's and the assistant's messages (and the key's result) in one transaction."""
         result = json.dumps({"text": answer, "final": outcome_to_proto(outcome).SerializeToString().hex()})

@@ -1,20 +1,46 @@
-"""What a Chat turn produces, as typed values: the servicer turns them into protobuf at its edge.
+"""What a Chat turn takes and produces, as typed values: the servicer converts at its edge.
 
-The turn itself (``gateway.chat``) yields :class:`ContextReady`, then
-:class:`Delta` after :class:`Delta`, then one :class:`Finished`; ``gateway.convert``
-is the one place that knows the ``agent.gateway.v1`` messages they become.
-Backend contract values (retrieved documents, the engine's usage and timings)
-travel as the backends sent them.
+The turn (``gateway.chat``) takes a :class:`TurnRequest` and yields
+:class:`ContextReady`, then :class:`Delta` after :class:`Delta`, then one
+:class:`Finished`; ``gateway.convert`` is the one place that knows the
+``agent.gateway.v1`` messages they come from and become. Backend contract
+values (a search filter, sampling parameters, retrieved documents, the
+engine's usage and timings) travel as the backends take and send them.
 """
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field, fields
 
 from agent.inference.v1 import inference_pb2
 from agent.retrieval.v1 import retrieval_pb2
 
 from gateway.turn_metrics import DegradedCause
+
+
+@dataclass(frozen=True)
+class RetrievalAsk:
+    """What the turn retrieves: the tenant's collection, how many passages, a filter and the fields."""
+
+    collection: str
+    top_k: int = 0  # 0: the gateway's default
+    filter: retrieval_pb2.Filter | None = None
+    payload_fields: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    """One turn, checked: the message, the session it continues, its options and its idempotency key."""
+
+    message: str
+    session_id: uuid.UUID | None = None
+    system_prompt: str = ""  # empty: the gateway's default
+    retrieval: RetrievalAsk | None = None  # None: no retrieval
+    sampling: inference_pb2.SamplingParams = field(default_factory=inference_pb2.SamplingParams)
+    idempotency_key: str = ""
+    #: What makes two requests "the same turn" for the key (gateway.convert.turn_fingerprint).
+    fingerprint: str = ""
 
 
 @dataclass
