@@ -28,7 +28,7 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,8 +143,7 @@ class Authorizer:
     """Decides, once per call, whether the caller may call the method."""
 
     def __init__(self, service: str, policy: Policy, *, trust_domain: str, denylist: Denylist | None = None,
-                 identity_from_cn: bool = False, plaintext_identity: Identity | None = None,
-                 open_services: Sequence[str] = ()) -> None:
+                 identity_from_cn: bool = False, plaintext_identity: Identity | None = None) -> None:
         """
         Args:
             service: this service's name, for logs and metrics.
@@ -154,7 +153,9 @@ class Authorizer:
             identity_from_cn: fall back to the certificate's CN (compatibility; weaker).
             plaintext_identity: the identity of a caller without TLS (only the
                 gateway's AGW_INSECURE_DEV mode); None refuses such callers.
-            open_services: gRPC services any verified certificate may call (health).
+
+        Health is never authorized here: the edge interceptor passes it to any
+        verified certificate before asking.
         """
         self.service = service
         self.policy = policy
@@ -162,10 +163,10 @@ class Authorizer:
         self.denylist = denylist or Denylist(None)
         self.identity_from_cn = identity_from_cn
         self.plaintext_identity = plaintext_identity
-        self.open_services = frozenset(open_services)
         #: Serial -> identity of the certificates seen, newest last (bounded): the server-side record of peers.
         self.peers_seen: OrderedDict[str, str] = OrderedDict()
-        self._serials: dict[bytes, str] = {}
+        # A certificate decides its identity and serial: read them once per certificate, not once per call.
+        self._peers: dict[bytes, Peer] = {}
 
     def authorize(self, context, method: str, span=None) -> Peer:
         """The caller, if it may call ``method``; else raise PermissionDenied/Unauthenticated (logged, counted)."""
@@ -174,8 +175,6 @@ class Authorizer:
         except Unauthenticated as exc:
             self._refuse(method, "unauthenticated", exc.message, span)
             raise
-        if self._open(method):
-            return peer
         reason = self.denylist.refuses(peer)
         if reason is None and not self.policy.allows(peer.identity, method):
             reason = (f"{peer.identity} may not call {method} on the {self.service} service "
@@ -189,9 +188,6 @@ class Authorizer:
         """Make ``peer`` the current caller (for :func:`caller`); returns the token to reset."""
         return _CALLER.set(peer)
 
-    def _open(self, method: str) -> bool:
-        return method.rsplit("/", 2)[-2] in self.open_services if method.count("/") >= 2 else False
-
     def _peer(self, context) -> Peer:
         auth = context.auth_context()
         if auth.get("transport_security_type") != [b"ssl"]:  # plaintext ("insecure") or none
@@ -200,7 +196,16 @@ class Authorizer:
             raise Unauthenticated("no client certificate; connect with mTLS and the certificate `agentgw certs` "
                                   "issued for you")
         pem = (auth.get("x509_pem_cert") or [b""])[0]
-        serial = self._serial(pem)
+        peer = self._peers.get(pem)
+        if peer is None:
+            peer = Peer(self._identity(auth), format(x509.load_pem_x509_certificate(pem).serial_number, "x"))
+            if len(self._peers) >= 1024:  # bounded: a new entry per certificate (renewal), not per call
+                self._peers.clear()
+            self._peers[pem] = peer
+            self._record(peer)
+        return peer
+
+    def _identity(self, auth) -> Identity:
         spiffe = auth.get("peer_spiffe_id")
         if spiffe:
             try:
@@ -219,24 +224,13 @@ class Authorizer:
                 identity = _identity_from_cn(common_names[0].decode())
             except ValueError as exc:
                 raise Unauthenticated(f"certificate common name refused: {exc}") from None
-        self._record(serial, identity)
-        return Peer(identity, serial)
+        return identity
 
-    def _serial(self, pem: bytes) -> str:
-        if not pem:
-            return ""
-        serial = self._serials.get(pem)
-        if serial is None:
-            if len(self._serials) >= 1024:  # bounded: a new connection per certificate renewal, not per call
-                self._serials.clear()
-            serial = self._serials[pem] = format(x509.load_pem_x509_certificate(pem).serial_number, "x")
-        return serial
-
-    def _record(self, serial: str, identity: Identity) -> None:
-        if not serial or serial in self.peers_seen:
+    def _record(self, peer: Peer) -> None:
+        if peer.serial in self.peers_seen:
             return
-        self.peers_seen[serial] = str(identity)
-        log.info("%s: first call from %s with certificate serial %s", self.service, identity, serial)
+        self.peers_seen[peer.serial] = str(peer.identity)
+        log.info("%s: first call from %s with certificate serial %s", self.service, peer.identity, peer.serial)
         while len(self.peers_seen) > 256:
             self.peers_seen.popitem(last=False)
 

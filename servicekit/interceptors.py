@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Collection
 from contextlib import aclosing
 
 import grpc
+from grpc_health.v1 import health_pb2
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
@@ -36,7 +37,7 @@ _CALL_DURATION = _METER.create_histogram(
 _CALL_ERRORS = _METER.create_counter(
     "agw.rpc.errors", description="RPCs that ended in an error, by method and status code.")
 
-HEALTH_SERVICE = "grpc.health.v1.Health"
+HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 #: Services answered even before the app is ready: probes must see NOT_SERVING,
 #: not UNAVAILABLE, and tools must be able to list services. Health answers
 #: any verified certificate; reflection, like every other service, only the

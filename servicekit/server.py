@@ -42,7 +42,6 @@ from servicekit.tls import CertificateFiles, ServerTls, TlsConfigError, reloadin
 log = logging.getLogger(__name__)
 
 S = TypeVar("S", bound=ServiceSettings)
-_HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 
 
 class Health:
@@ -100,8 +99,6 @@ class RunningService:
     grace_s: float
     #: Who may call what; its ``peers_seen`` records the certificate serials of callers.
     authorizer: Authorizer
-    #: The certificate files served (None with explicit credentials or in plaintext).
-    certificates: CertificateFiles | None = None
 
     async def drain(self) -> None:
         """Refuse new calls, give in-flight ones ``grace_s``, then stop."""
@@ -151,7 +148,6 @@ def authorizer_for(app: ServiceApp, settings: ServiceSettings, *, insecure: bool
         denylist=Denylist(settings.denied_clients_file, check_every_s=min(settings.tls_reload_s or 1.0, 1.0)),
         identity_from_cn=settings.identity_from_cn,
         plaintext_identity=getattr(app, "plaintext_identity", None) if insecure else None,
-        open_services=[HEALTH_SERVICE],
     )
 
 
@@ -174,9 +170,8 @@ async def running_service(
     """
     started = time.perf_counter()
     insecure = insecure or getattr(app, "insecure", False)
-    certificates = None
     if credentials is None and not insecure:
-        credentials, certificates = _server_credentials(settings)
+        credentials = _server_credentials(settings)
     readiness = Readiness(app.name)
     authorizer = authorizer_for(app, settings, insecure=insecure)
     server = grpc.aio.server(
@@ -189,14 +184,14 @@ async def running_service(
     health = Health(health_servicer, service_names)
     await health.set_serving(False)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection([*service_names, _HEALTH_SERVICE, reflection.SERVICE_NAME], server)
+    reflection.enable_server_reflection([*service_names, HEALTH_SERVICE, reflection.SERVICE_NAME], server)
     app.register(server)
     if insecure:
         port = server.add_insecure_port(settings.listen_address)
     else:
         port = server.add_secure_port(settings.listen_address, credentials)
     running = RunningService(port=port, server=server, health=health, grace_s=settings.grace_s,
-                             authorizer=authorizer, certificates=certificates)
+                             authorizer=authorizer)
     _process_metrics(app.name)
     async with AsyncExitStack() as stack:
         stack.push_async_callback(server.stop, None)  # last: whatever happened, stop
@@ -217,12 +212,12 @@ async def running_service(
     log.info("%s stopped", app.name)
 
 
-def _server_credentials(settings: ServiceSettings) -> tuple[grpc.ServerCredentials, CertificateFiles | None]:
+def _server_credentials(settings: ServiceSettings) -> grpc.ServerCredentials:
     """mTLS from the service's own identity folder: reloaded on renewal, or fixed with AGW_TLS_RELOAD_S=0."""
     if settings.tls_reload_s > 0:
-        certificates = CertificateFiles(settings.identity_files, check_every_s=settings.tls_reload_s)
-        return reloading_server_credentials(certificates), certificates
-    return ServerTls.from_dir(settings.identity_files.root).credentials(), None
+        return reloading_server_credentials(CertificateFiles(settings.identity_files,
+                                                             check_every_s=settings.tls_reload_s))
+    return ServerTls.from_dir(settings.identity_files.root).credentials()
 
 
 def _process_metrics(service: str) -> None:

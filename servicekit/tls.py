@@ -104,7 +104,6 @@ class CertificateFiles:
         self.files = files
         self.check_every_s = check_every_s
         self.current = TlsMaterial.read(files)
-        self.reloads = 0
         self._signature = _signature(files.paths)
         self._checked_at = time.monotonic()
         self._lock = threading.Lock()
@@ -130,7 +129,6 @@ class CertificateFiles:
             log.info("certificate files in %s renewed (serial %s -> %s)", self.files.root,
                      self.current.serial, material.serial)
             self.current = material
-            self.reloads += 1
             return material
 
 

@@ -53,7 +53,8 @@ async def test_every_leaf_rotates_while_turns_run(tmp_path, database_url):
     reload = {"tls_reload_s": RELOAD_S}
     async with retrieval_server(tmp_path / "retrieval", pki.root, **reload) as (retrieval, _), \
             scripted_app(pki.root, **reload) as (inference, _), \
-            gateway_server(pki.root, inference.port, retrieval.port, database_url=database_url, **reload) \
+            gateway_server(pki.root, inference.port, retrieval.port, database_url=database_url,
+                           retrieval_budget_s=5.0, **reload) \
             as (gateway, app):
         async with gateway_stub(gateway.port, pki.root) as stub:
             await stub.IngestDocuments(pb.IngestDocumentsRequest(
@@ -103,6 +104,7 @@ async def test_every_leaf_rotates_while_turns_run(tmp_path, database_url):
             finally:
                 stop.set()
                 await asyncio.gather(*chatting)
+    # A generous retrieval budget above: a degraded turn here means a broken channel, not a busy CPU.
     failed = [outcome for outcome in outcomes if outcome != "ok"]
     assert not failed, failed
     assert len(outcomes) >= 15

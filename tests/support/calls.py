@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import grpc
 from google.protobuf import symbol_database
-from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
-
-
-def methods(service: ServiceDescriptor) -> list[MethodDescriptor]:
-    return list(service.methods)
+from google.protobuf.descriptor import MethodDescriptor
 
 
 async def call_method(channel: grpc.aio.Channel, method: MethodDescriptor, request=None, timeout: float = 10):
