@@ -139,9 +139,11 @@ class StartedStream:
         self._backend = backend
         self._where = where
 
-    async def send_prefix(self, messages: list[inference_pb2.ChatMessage]) -> None:
+    async def send_prefix(self, messages: list[inference_pb2.ChatMessage],
+                          tools: tuple[inference_pb2.Tool, ...] = ()) -> None:
         """The first messages of the chat to come, on a call from :meth:`Backends.open_generate` (at most once, first)."""
-        await self._write(inference_pb2.OpenGenerateRequest(prefix=inference_pb2.ChatMessages(messages=messages)))
+        await self._write(inference_pb2.OpenGenerateRequest(
+            prefix=inference_pb2.ChatMessages(messages=messages, tools=tools)))
 
     async def send(self, request: inference_pb2.GenerateRequest) -> None:
         """The request of a call from :meth:`Backends.open_generate` (once, last)."""

@@ -12,17 +12,21 @@ security model; the public port also refuses any message over
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sized
 
 from agent.gateway.v1 import gateway_pb2 as pb
 from agent.inference.v1 import inference_pb2
 from agent.retrieval.v1 import retrieval_pb2
 from servicekit.errors import InvalidArgument
+from servicekit.json_schema import parse_schema
 
 from gateway.settings import GatewaySettings
 
 
 MAX_SESSION_ID_CHARS = 64
+#: OpenAI's rule for function names, which chat templates and tool parsers assume.
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def _setting(name: str) -> str:
@@ -64,6 +68,14 @@ class Bounds:
         self.count(f"{field}.stop", sampling.stop, "max_stop_strings", "strings")
         for index, stop in enumerate(sampling.stop):
             self.chars(f"{field}.stop[{index}]", stop, "max_stop_chars")
+        structured = sampling.structured_output
+        self.schema(f"{field}.structured_output.json_schema", structured.json_schema)
+        for name in ("regex", "grammar"):
+            self._limit(f"{field}.structured_output.{name}", len(getattr(structured, name).encode()),
+                        "max_schema_bytes", "bytes")
+        self.count(f"{field}.structured_output.choice.values", structured.choice.values, "max_choice_values", "values")
+        for index, value in enumerate(structured.choice.values):
+            self.chars(f"{field}.structured_output.choice.values[{index}]", value, "max_stop_chars")
 
     def search_filter(self, field: str, payload_filter: retrieval_pb2.Filter) -> None:
         conditions = [*payload_filter.must, *payload_filter.must_not]
@@ -72,6 +84,32 @@ class Bounds:
             for index, condition in enumerate(items):
                 self.key(f"{field}.{group}[{index}].key", condition.key)
                 self.key(f"{field}.{group}[{index}].keyword", condition.keyword)
+
+    def schema(self, field: str, text: str) -> None:
+        """Size, then JSON and depth (cheap, on the loop); the meta-schema check is the servicer's, off it."""
+        self._limit(field, len(text.encode()), "max_schema_bytes", "bytes")
+        if text:
+            parse_schema(field, text, max_depth=self.settings.max_schema_depth)
+
+    def tools(self, request: pb.ChatRequest) -> None:
+        self.count("tools", request.tools, "max_tools", "tools")
+        names = set()
+        for index, tool in enumerate(request.tools):
+            if not TOOL_NAME.fullmatch(tool.name):
+                raise InvalidArgument(f"tools[{index}].name", f"{tool.name[:80]!r} is not a tool name: 1 to 64 of "
+                                      "a-z, A-Z, 0-9, '_' and '-'")
+            if tool.name in names:
+                raise InvalidArgument(f"tools[{index}].name", f"{tool.name!r} is given twice; names are unique")
+            names.add(tool.name)
+            self.chars(f"tools[{index}].description", tool.description, "max_tool_description_chars")
+            self.schema(f"tools[{index}].parameters", tool.parameters)
+        self.key("tool_choice.tool_name", request.tool_choice.tool_name)
+        self.count("tool_results", request.tool_results, "max_tool_results", "results")
+        for index, result in enumerate(request.tool_results):
+            self.key(f"tool_results[{index}].tool_call_id", result.tool_call_id)
+            self.chars(f"tool_results[{index}].content", result.content, "max_message_chars")
+        self.key("response_format.json_schema.name", request.response_format.json_schema.name)
+        self.schema("response_format.json_schema.schema", request.response_format.json_schema.schema)
 
     def payload_fields(self, field: str, fields) -> None:
         self.count(field, fields, "max_payload_fields", "fields")
@@ -89,6 +127,7 @@ class Bounds:
         self.search_filter("retrieval.filter", request.retrieval.filter)
         self.payload_fields("retrieval.payload_fields", request.retrieval.payload_fields)
         self.sampling("generation", request.generation)
+        self.tools(request)
 
     def generate(self, request: pb.GenerateRequest) -> None:
         inner = request.request
@@ -98,6 +137,14 @@ class Bounds:
         self.count("request.chat.messages", inner.chat.messages, "max_chat_messages", "messages")
         for index, message in enumerate(inner.chat.messages):
             self.chars(f"request.chat.messages[{index}].content", message.content, "max_message_chars")
+            self.count(f"request.chat.messages[{index}].tool_calls", message.tool_calls, "max_tools", "calls")
+            for number, call in enumerate(message.tool_calls):
+                self.chars(f"request.chat.messages[{index}].tool_calls[{number}].arguments", call.arguments,
+                           "max_message_chars")
+        self.count("request.chat.tools", inner.chat.tools, "max_tools", "tools")
+        for index, tool in enumerate(inner.chat.tools):
+            self.chars(f"request.chat.tools[{index}].description", tool.description, "max_tool_description_chars")
+            self.schema(f"request.chat.tools[{index}].parameters", tool.parameters)
         self.count("request.token_ids.ids", inner.token_ids.ids, "max_token_ids", "token ids")
         self.sampling("request.sampling", inner.sampling)
 

@@ -4,16 +4,19 @@ generation (a prefix-stable prompt, ``gateway.prompt``, streamed), and the finis
 (the turn stored, then a final event that says where the time went). SQL lives in
 ``gateway.turn_store``, metrics in ``gateway.turn_metrics``.
 
-Nothing lost: the user and assistant messages are written in one transaction
-before the final event; a failed write is an error, not a final event. A
-cancelled turn stores nothing (neither the user's message nor a partial
-answer): a retry starts clean. An idempotency key is claimed before the turn
+Nothing lost: the turn's messages (tool results, the user's message, the
+answer with its tool calls) are written in one transaction before the final
+event; a failed write is an error, not a final event. A cancelled turn stores
+nothing (neither the user's message nor a partial answer): a retry starts
+clean. Tool results must answer the calls of the session's last assistant
+message (FAILED_PRECONDITION otherwise), checked on the history read. An idempotency key is claimed before the turn
 generates (``gateway.turn_store``), so concurrent retries get one answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
@@ -25,7 +28,14 @@ from opentelemetry.trace import Status, StatusCode
 
 from agent.inference.v1 import inference_pb2
 from agent.retrieval.v1 import retrieval_pb2
-from servicekit.errors import InvalidArgument, NotFound, ResourceExhausted, ServiceError, Unavailable
+from servicekit.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    ServiceError,
+    Unavailable,
+)
 from servicekit.tasks import cancel_and_wait
 from servicekit.telemetry import trace_id_hex
 
@@ -33,12 +43,13 @@ from gateway.backends import Backends
 from gateway.database import Database
 from gateway.generation_call import GenerationCall
 from gateway.history import history_window
-from gateway.prompt import conversation, generate_request, user_turn
+from gateway.convert import tool_calls_to_json
+from gateway.prompt import conversation, generate_request, history_messages, turn_messages, user_turn
 from gateway.settings import GatewaySettings
 from gateway.tenancy import cache_salt_for, physical_collection
 from gateway.turn_metrics import DegradedCause, record_turn
 from gateway.turn_store import Claim, StoredTurn, TurnStore
-from gateway.turn_types import ContextReady, Delta, Finished, Outcome, StageTimes, TurnRequest
+from gateway.turn_types import ContextReady, Delta, Finished, Outcome, StageTimes, ToolCalled, ToolResult, TurnRequest
 
 log = logging.getLogger(__name__)
 _TRACER = trace.get_tracer("agent-gateway.chat")
@@ -78,11 +89,29 @@ class _Turn:
     tenant: str
     timings: StageTimes
     system_prompt: str
-    history: list[tuple[str, str]] = field(default_factory=list)
+    history: list[inference_pb2.ChatMessage] = field(default_factory=list)
     documents: list[retrieval_pb2.ScoredDocument] = field(default_factory=list)
     degraded: list[DegradedCause] = field(default_factory=list)
     pieces: list[str] = field(default_factory=list)
     result: inference_pb2.GenerationResult | None = None
+
+    def messages_to_store(self) -> list[dict]:
+        """The turn's messages as migrations/0004 stores them: tool results, the user's message, the answer."""
+        request = self.request
+        messages = [{"role": "tool", "content": r.content, "token_count": estimate_tokens(r.content),
+                     "tool_call_id": r.tool_call_id} for r in request.tool_results]
+        if request.message:
+            messages.append({"role": "user", "content": request.message,
+                             "token_count": estimate_tokens(request.message)})
+        answer = {"role": "assistant", "content": "".join(self.pieces),
+                  "token_count": self.result.usage.completion_tokens if self.result else 0}
+        if self.tool_calls:
+            answer["tool_calls"] = tool_calls_to_json(self.tool_calls)
+        return [*messages, answer]
+
+    @property
+    def tool_calls(self) -> list[inference_pb2.ToolCall]:
+        return list(self.result.tool_calls) if self.result else []
 
 
 class ChatTurns:
@@ -95,18 +124,20 @@ class ChatTurns:
         self.store = TurnStore(database)
         self._releases: set[asyncio.Task] = set()
 
-    async def _history(self, tenant: str, session_id: uuid.UUID | None) -> tuple[list[tuple[str, str]], bool]:
+    async def _history(self, tenant: str, session_id: uuid.UUID | None,
+                       tool_results: tuple[ToolResult, ...]) -> tuple[list[inference_pb2.ChatMessage], bool]:
         if session_id is None:
             return [], False
         rows = await self.store.recent_messages(tenant, session_id, self.settings.history_messages)
+        _check_tool_results(rows[0] if rows else None, tool_results)
         window = history_window(rows, max_messages=self.settings.history_messages,
                                 token_budget=self.settings.history_token_budget,
                                 step=self.settings.history_window_step)
-        return [(row["role"], row["content"]) for row in window.messages], window.trimmed
+        return history_messages(window.messages), window.trimmed
 
     async def _retrieve(self, tenant: str, request: TurnRequest, context) -> list[retrieval_pb2.ScoredDocument]:
         ask = request.retrieval
-        if ask is None:
+        if ask is None or not request.message:  # a turn of tool results alone has nothing to search with
             return []
         search = retrieval_pb2.SearchRequest(
             collection=physical_collection(tenant, ask.collection, "retrieval.collection"),
@@ -140,7 +171,10 @@ class ChatTurns:
             lease_s, wait_s = self._claim_times(context)
             owned = await self.store.claim(tenant, session_id, request, lease_s=lease_s, wait_s=wait_s)
             if isinstance(owned, StoredTurn):  # answered before, or by a concurrent turn we waited for
-                yield Delta(owned.text)
+                if owned.text or not owned.tool_calls:
+                    yield Delta(owned.text)
+                for call in owned.tool_calls:
+                    yield ToolCalled(call)
                 yield Finished(owned.outcome)
                 return
             claim = owned
@@ -167,11 +201,12 @@ class ChatTurns:
 
         async def history_then_prefix():
             outcome = loaded, _error, _ms = await _timed(
-                "history", self._history(turn.tenant, session_id), self.settings.history_budget_s)
+                "history", self._history(turn.tenant, session_id, turn.request.tool_results),
+                self.settings.history_budget_s)
             past = loaded[0] if loaded else []
             if past:
                 # The prompt's session part, for the inference service to tokenize while retrieval still runs.
-                await call.send_prefix(conversation(turn.system_prompt, past))
+                await call.send_prefix(conversation(turn.system_prompt, past), turn.request.tools)
             return outcome
 
         stages = asyncio.gather(
@@ -188,7 +223,7 @@ class ChatTurns:
             if not stages.done():  # opening failed, or the turn was cancelled meanwhile
                 await cancel_and_wait(stages)
         if history_error is not None:
-            if isinstance(history_error, (NotFound, InvalidArgument)):
+            if isinstance(history_error, (NotFound, InvalidArgument, FailedPrecondition)):
                 raise history_error
             cause = getattr(history_error, "internal", "") or str(history_error or "timed out")
             raise Unavailable("session history unavailable; the turn was not run, retry shortly",
@@ -221,11 +256,12 @@ class ChatTurns:
         """The context event (once the request is out, so its write overlaps the prefill), then token deltas."""
         request = turn.request
         context_event = ContextReady(turn.documents) if turn.documents else None
-        user = user_turn(request.message, turn.documents)
+        this_turn = turn_messages(request.tool_results, user_turn(request.message, turn.documents) if request.message else "")
         cache_salt = cache_salt_for(self.settings.prefix_cache, turn.tenant)
 
-        def prompt(past: list[tuple[str, str]]) -> inference_pb2.GenerateRequest:
-            return generate_request(turn.system_prompt, past, user, request.sampling, cache_salt)
+        def prompt(past: list[inference_pb2.ChatMessage]) -> inference_pb2.GenerateRequest:
+            return generate_request(turn.system_prompt, past, this_turn, request.sampling, cache_salt,
+                                    request.tools, request.tool_choice)
 
         generation_started = time.perf_counter()
         # Not "current" across the yields below: a context attached in an
@@ -233,6 +269,7 @@ class ChatTurns:
         span = call.prompt_ready()
         if self.settings.trace_content:  # AGW_TRACE_CONTENT=1 only: prompts can hold personal data
             span.set_attribute("agw.chat.user_message", request.message)
+        span.set_attributes({"agw.chat.tools": len(request.tools), "agw.chat.tool_results": len(request.tool_results)})
         history = turn.history
         try:
             while True:
@@ -264,8 +301,11 @@ class ChatTurns:
         finally:
             if self.settings.trace_content:
                 span.set_attribute("agw.chat.answer", "".join(turn.pieces))
+            _record_result(span, turn.result)
             span.end()
         turn.timings.generation_ms = clock.ms(generation_started)
+        for tool_call in turn.tool_calls:
+            yield ToolCalled(tool_call)
 
     async def _finish(self, turn: _Turn, session_id: uuid.UUID | None, trace_id: str, clock: Clock,
                       claim: Claim | None) -> Outcome:
@@ -281,16 +321,41 @@ class ChatTurns:
             with _TRACER.start_as_current_span("persist"):
                 # One round trip: the messages, the key's result and the end of its claim, in one transaction.
                 # What a replay returns carries the timings up to here (persist and total not yet known).
-                await self.store.store(turn.tenant, session_id, turn.request, claim, answer="".join(turn.pieces),
-                                       outcome=replace(outcome, timings=replace(timings)), trace_id=trace_id,
-                                       user_tokens=estimate_tokens(turn.request.message))
+                await self.store.store(turn.tenant, session_id, turn.request, claim,
+                                       messages=turn.messages_to_store(), answer="".join(turn.pieces),
+                                       tool_calls=tool_calls_to_json(turn.tool_calls),
+                                       outcome=replace(outcome, timings=replace(timings)), trace_id=trace_id)
             timings.persist_ms = clock.ms(persist_started)
         timings.total_ms = clock.ms()
-        record_turn(timings, turn.degraded)
+        record_turn(timings, turn.degraded, result)
         return outcome
 
 
-def _shorter_history(turn: _Turn, history: list[tuple[str, str]], error: ServiceError) -> list[tuple[str, str]]:
+def _check_tool_results(newest, tool_results: tuple[ToolResult, ...]) -> None:
+    """Each result must answer a call of the session's last message, an assistant's that called tools."""
+    if not tool_results:
+        return
+    calls = {c["id"] for c in json.loads(newest["tool_calls"] or "[]")} if newest is not None else set()
+    for index, result in enumerate(tool_results):
+        if result.tool_call_id not in calls:
+            raise FailedPrecondition(
+                f"tool_results[{index}].tool_call_id: {result.tool_call_id[:80]!r} is not a tool call of the "
+                "session's last assistant message" + ("" if calls else " (it called no tools)")
+                + "; send results only for the calls of the turn before")
+
+
+def _record_result(span, result: inference_pb2.GenerationResult | None) -> None:
+    """The generation span learns the tool calls and the structured-output backend (and whether cached)."""
+    if result is None:
+        return
+    span.set_attributes({"agw.chat.tool_calls": len(result.tool_calls)})
+    if result.structured_output_backend:
+        span.set_attributes({"agw.structured_output.backend": result.structured_output_backend,
+                             "agw.structured_output.cache_hit": result.constraint_cache_hit})
+
+
+def _shorter_history(turn: _Turn, history: list[inference_pb2.ChatMessage],
+                     error: ServiceError) -> list[inference_pb2.ChatMessage]:
     """The rule for a prompt over the model's context, before any token: drop the oldest half of the
     history and try again; with no history left, the message alone does not fit (RESOURCE_EXHAUSTED)."""
     if turn.pieces or not _over_context(error):

@@ -42,11 +42,13 @@ class GenerationCall:
         self.span = _TRACER.start_span("generation")
         self._opened = self._in_span(lambda: self._backends.open_generate(self._context))
 
-    async def send_prefix(self, messages: list[inference_pb2.ChatMessage]) -> None:
-        """The prompt's first messages, for the inference service to tokenize meanwhile (early calls only)."""
+    async def send_prefix(self, messages: list[inference_pb2.ChatMessage],
+                          tools: tuple[inference_pb2.Tool, ...] = ()) -> None:
+        """The prompt's first messages (and its tools), for the inference service to tokenize meanwhile
+        (early calls only)."""
         if self._opened is not None:
             with contextlib.suppress(ServiceError):  # the call ended: sending the request will say why
-                await self._opened.send_prefix(messages)
+                await self._opened.send_prefix(messages, tools)
 
     def prompt_ready(self) -> trace.Span:
         """Mark the prompt built; the span (started now if the call was not opened early)."""

@@ -13,9 +13,12 @@ no longer do, the start jumps to the next multiple that fits. So a session past
 its limits misses the cache once every ``step / 2`` turns instead of on every
 turn, at the price of carrying up to ``step - 1`` fewer messages than would fit.
 
-An even step also makes the window start on a user message: every turn stores
-a user then an assistant message, from ordinal 0, and chat templates expect
-the conversation after the system prompt to open with the user.
+Chat templates expect the conversation after the system prompt to open with
+the user, and a tool result without the call it answers confuses them. Plain
+turns store a user then an assistant message, so an even step starts on a
+user message; tool loops store more per turn, so the window then skips ahead
+to its first user message. That depends on the start alone, so it stays put
+while the start does and the prefix still holds.
 """
 
 from __future__ import annotations
@@ -63,6 +66,9 @@ def history_window(newest_first: Sequence, *, max_messages: int, token_budget: i
     by_tokens = _align_up(fits_from, step)
     start = max(by_count, by_tokens)
     kept = [m for m in reversed(newest_first) if field(m, "ordinal") >= start]
+    first_user = next((i for i, m in enumerate(kept) if field(m, "role") == "user"), 0)
+    kept = kept[first_user:]
+    start = field(kept[0], "ordinal") if kept else start
     return HistoryWindow(start=start, messages=kept, trimmed=by_tokens > by_count)
 
 

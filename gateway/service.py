@@ -21,6 +21,7 @@ from agent.gateway.v1 import gateway_pb2 as pb
 from agent.gateway.v1 import gateway_pb2_grpc
 from agent.retrieval.v1 import retrieval_pb2
 from servicekit.errors import InvalidArgument, NotFound, ServiceError
+from servicekit.json_schema import SchemaVerdicts, check_schema
 from servicekit.metrics import gauge, meter
 from servicekit.server import Health
 
@@ -45,6 +46,7 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
         self.settings = settings
         self.admission = admission
         self.bounds = Bounds(settings)
+        self.schemas = SchemaVerdicts()
         self.backends: Backends | None = None
         self.sessions: Sessions | None = None
         self.turns: ChatTurns | None = None
@@ -166,11 +168,23 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
         tenant = self._tenant(context)
         self.bounds.chat(request)
         turn = turn_request_from_proto(request)
+        await self._check_schemas(request)
         with ExitStack() as slot:
             self._admit(slot, tenant)  # held for the whole turn
             admitted_at = time.perf_counter()
             async for event in self.turns.run(tenant, turn, context, admitted_at, clock):
                 yield turn_event_to_proto(event)
+
+    async def _check_schemas(self, request: pb.ChatRequest) -> None:
+        """Tool and response-format schemas against the meta-schema: once per text, on a thread (CPU work)."""
+        named = [(f"tools[{i}].parameters", t.parameters) for i, t in enumerate(request.tools) if t.parameters]
+        if request.response_format.json_schema.schema:
+            named.append(("response_format.json_schema.schema", request.response_format.json_schema.schema))
+        for field, text in named:
+            key = SchemaVerdicts.key(text)
+            if not self.schemas.seen(key):
+                await asyncio.to_thread(check_schema, field, text, max_depth=self.settings.max_schema_depth)
+                self.schemas.remember(key)
 
     async def CreateSession(self, request, context):
         self.bounds.create_session(request)

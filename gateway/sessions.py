@@ -37,6 +37,9 @@ class MessageRecord:
     token_count: int
     trace_id: str
     created_at: datetime
+    tool_calls: list[dict] | None = None
+    """An assistant message's calls: {"id", "name", "arguments"} objects."""
+    tool_call_id: str = ""
 
 
 def parse_session_id(value: str, field: str = "session_id") -> uuid.UUID:
@@ -115,7 +118,8 @@ class Sessions:
             if owned is None:
                 return None
             return await connection.fetch(
-                "SELECT ordinal, role, content, token_count, trace_id, created_at FROM agw_messages"
+                "SELECT ordinal, role, content, token_count, trace_id, created_at, tool_calls, tool_call_id"
+                " FROM agw_messages"
                 " WHERE session_id = $1 AND ordinal >= $2 ORDER BY ordinal LIMIT $3",
                 sid, start, size + 1,
             )
@@ -123,6 +127,7 @@ class Sessions:
         rows = await self.database.run(page)
         if rows is None:
             raise NotFound(f"session {session_id} does not exist")
-        messages = [MessageRecord(**dict(row)) for row in rows[:size]]
+        messages = [MessageRecord(**{**dict(row), "tool_calls": json.loads(row["tool_calls"] or "null")})
+                    for row in rows[:size]]
         next_token = _encode_token(rows[size]["ordinal"]) if len(rows) > size else ""
         return messages, next_token

@@ -93,6 +93,13 @@ class GatewaySettings(ServiceSettings):
     max_document_payload_bytes: int = Field(16_384, gt=0, description="Largest document payload, serialised.")
     max_metadata_entries: int = Field(32, gt=0, description="Most session metadata entries.")
     max_metadata_bytes: int = Field(8192, gt=0, description="Largest session metadata (keys and values, UTF-8).")
+    max_tools: int = Field(32, gt=0, description="Most tools in one Chat request.")
+    max_tool_description_chars: int = Field(2048, gt=0, description="Longest tool description, in characters.")
+    max_schema_bytes: int = Field(16_384, gt=0, description="Largest JSON Schema (a tool's parameters, a response "
+                                  "format), in bytes of JSON text.")
+    max_schema_depth: int = Field(16, gt=0, description="Deepest nesting of objects and arrays in a JSON Schema.")
+    max_tool_results: int = Field(32, gt=0, description="Most tool results in one Chat request.")
+    max_choice_values: int = Field(64, gt=0, description="Most strings in a structured-output choice.")
     client_trace: Literal["link", "continue"] = Field(
         "link", description="A tenant's W3C trace context: link (a new trace per call, the client's span as a link) "
         "or continue (one trace end to end). Either way the gateway decides sampling and drops baggage.")

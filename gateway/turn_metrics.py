@@ -14,6 +14,10 @@ _STAGE = _METER.create_histogram(
     "agw.chat.stage.duration", unit="ms", description="Chat stage latencies (admission, history, retrieval, "
     "generation, persist, total), by stage.")
 _DEGRADED = _METER.create_counter("agw.chat.degraded", description="Turns answered degraded, by cause.")
+_TOOL_CALLS = _METER.create_counter("agw.chat.tool_calls", description="Tool calls the model made in Chat turns.")
+_CONSTRAINED = _METER.create_counter(
+    "agw.chat.constrained", description="Turns decoded under a structured-output constraint, by backend and "
+    "whether the inference service had it compiled (cache_hit).")
 STAGES = ("admission", "history", "retrieval", "generation", "persist", "total")
 
 
@@ -32,8 +36,13 @@ class DegradedCause(enum.Enum):
         self.label = label
 
 
-def record_turn(timings, degraded: Iterable[DegradedCause]) -> None:
-    """``timings``: a turn's StageTimes (gateway.turn_types)."""
+def record_turn(timings, degraded: Iterable[DegradedCause], result=None) -> None:
+    """``timings``: a turn's StageTimes (gateway.turn_types); ``result``: the inference GenerationResult."""
+    if result is not None and result.tool_calls:
+        _TOOL_CALLS.add(len(result.tool_calls))
+    if result is not None and result.structured_output_backend:
+        _CONSTRAINED.add(1, {"backend": result.structured_output_backend,
+                             "cache_hit": str(result.constraint_cache_hit).lower()})
     if timings.first_token_ms:
         _FIRST_TOKEN.record(timings.first_token_ms)
     for stage in STAGES:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from agent.gateway.v1 import gateway_pb2 as pb
 from servicekit.errors import Aborted, FailedPrecondition, NotFound
 
-from gateway.convert import outcome_from_proto, outcome_to_proto
+from gateway.convert import outcome_from_proto, outcome_to_proto, tool_calls_from_json
 from gateway.database import Database
 from gateway.turn_types import Outcome, TurnRequest
 
@@ -49,17 +49,18 @@ class Claim:
 
 @dataclass(frozen=True)
 class StoredTurn:
-    """A turn already answered under the key: its text and outcome, marked replayed."""
+    """A turn already answered under the key: its text, its tool calls and outcome, marked replayed."""
 
     text: str
     outcome: Outcome
+    tool_calls: tuple = ()
 
     @classmethod
     def from_json(cls, value: str | dict) -> StoredTurn:
         # Stored as the TurnSummary the client got, so a replay answers with the same message.
         data = json.loads(value) if isinstance(value, str) else value
         outcome = outcome_from_proto(pb.TurnSummary.FromString(bytes.fromhex(data["final"])))
-        return cls(data["text"], replace(outcome, replayed=True))
+        return cls(data["text"], replace(outcome, replayed=True), tuple(tool_calls_from_json(data.get("tool_calls"))))
 
 
 class TurnStore:
@@ -69,15 +70,18 @@ class TurnStore:
         self.database = database
 
     async def recent_messages(self, tenant: str, session_id: uuid.UUID, limit: int) -> list:
-        """The session's last ``limit`` messages, newest first (ordinal, role, content, token_count).
+        """The session's last ``limit`` messages, newest first (ordinal, role, content, token_count, tool_calls
+        as JSON text, tool_call_id).
 
         One round trip: the session's ownership and its messages, through the
         primary key index. No row: not this tenant's session (or none), NOT_FOUND;
         one row of NULLs: no messages yet.
         """
         rows = await self.database.run(lambda c: c.fetch(
-            "SELECT m.ordinal, m.role, m.content, m.token_count FROM agw_sessions s LEFT JOIN LATERAL ("
-            "  SELECT ordinal, role, content, token_count FROM agw_messages WHERE session_id = s.id"
+            "SELECT m.ordinal, m.role, m.content, m.token_count, m.tool_calls, m.tool_call_id"
+            " FROM agw_sessions s LEFT JOIN LATERAL ("
+            "  SELECT ordinal, role, content, token_count, tool_calls, tool_call_id FROM agw_messages"
+            "  WHERE session_id = s.id"
             "  ORDER BY ordinal DESC LIMIT $3) m ON true"
             " WHERE s.id = $1 AND s.tenant = $2 ORDER BY m.ordinal DESC", session_id, tenant, limit))
         if not rows:
@@ -126,14 +130,16 @@ class TurnStore:
             claim.session_id, claim.key, claim.holder))
 
     async def store(self, tenant: str, session_id: uuid.UUID, request: TurnRequest, claim: Claim | None, *,
-                    answer: str, outcome: Outcome, trace_id: str, user_tokens: int) -> None:
-        """Append the user's and the assistant's messages (and the key's result) in one transaction."""
-        result = json.dumps({"text": answer, "final": outcome_to_proto(outcome).SerializeToString().hex()})
-        completion_tokens = outcome.usage.completion_tokens if outcome.usage else 0
+                    messages: list[dict], answer: str, tool_calls: list[dict], outcome: Outcome,
+                    trace_id: str) -> None:
+        """Append the turn's messages (tool results, the user's, the answer with its calls; ``messages``, as
+        migrations/0004 takes them) and the key's result, in one transaction."""
+        result = json.dumps({"text": answer, "tool_calls": tool_calls,
+                             "final": outcome_to_proto(outcome).SerializeToString().hex()})
         outcome = await self.database.run(lambda connection: connection.fetchval(
-            "SELECT agw_store_turn($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10, $11)",
-            session_id, tenant, request.idempotency_key, result, request.message, user_tokens, answer,
-            completion_tokens, trace_id, claim.holder if claim else None, claim.fingerprint if claim else ""))
+            "SELECT agw_store_turn_messages($1, $2, $3, $4::jsonb, $5::jsonb, $6, $7, $8)",
+            session_id, tenant, request.idempotency_key, result, json.dumps(messages), trace_id,
+            claim.holder if claim else None, claim.fingerprint if claim else ""))
         if outcome == "not_found":
             raise NotFound(f"session {session_id} does not exist")
         if outcome in ("claim_lost", "already_stored"):

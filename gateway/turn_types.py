@@ -1,8 +1,8 @@
 """What a Chat turn takes and produces, as typed values: the servicer converts at its edge.
 
 The turn (``gateway.chat``) takes a :class:`TurnRequest` and yields
-:class:`ContextReady`, then :class:`Delta` after :class:`Delta`, then one
-:class:`Finished`; ``gateway.convert`` is the one place that knows the
+:class:`ContextReady`, then :class:`Delta` after :class:`Delta`, then any
+:class:`ToolCalled`, then one :class:`Finished`; ``gateway.convert`` is the one place that knows the
 ``agent.gateway.v1`` messages they come from and become. Backend contract
 values (a search filter, sampling parameters, retrieved documents, the
 engine's usage and timings) travel as the backends take and send them.
@@ -30,8 +30,17 @@ class RetrievalAsk:
 
 
 @dataclass(frozen=True)
+class ToolResult:
+    """The output of one tool call of the session's last assistant message."""
+
+    tool_call_id: str
+    content: str
+
+
+@dataclass(frozen=True)
 class TurnRequest:
-    """One turn, checked: the message, the session it continues, its options and its idempotency key."""
+    """One turn, checked: the message (or tool results), the session it continues, its options, its
+    tools and its idempotency key."""
 
     message: str
     session_id: uuid.UUID | None = None
@@ -41,6 +50,9 @@ class TurnRequest:
     idempotency_key: str = ""
     #: What makes two requests "the same turn" for the key (gateway.convert.turn_fingerprint).
     fingerprint: str = ""
+    tools: tuple[inference_pb2.Tool, ...] = ()
+    tool_choice: inference_pb2.ToolChoice | None = None
+    tool_results: tuple[ToolResult, ...] = ()
 
 
 @dataclass
@@ -74,6 +86,13 @@ class Delta:
 
 
 @dataclass(frozen=True)
+class ToolCalled:
+    """A tool call the model made (the turn then ends with finish reason TOOL_CALLS)."""
+
+    call: inference_pb2.ToolCall
+
+
+@dataclass(frozen=True)
 class Outcome:
     """How a turn ended: always its last event."""
 
@@ -100,4 +119,4 @@ class Finished:
     outcome: Outcome
 
 
-TurnEvent = ContextReady | Delta | Finished
+TurnEvent = ContextReady | Delta | ToolCalled | Finished

@@ -8,10 +8,12 @@ templates; other services use the contract's enum values only.
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from agent.inference.v1 import inference_pb2 as pb
 
 from inference.requests import (
+    Constraint,
     Delta,
     FinishReason,
     Load,
@@ -20,6 +22,10 @@ from inference.requests import (
     PromptInput,
     Result,
     SamplingInput,
+    Tool,
+    ToolCall,
+    ToolChoice,
+    ToolMode,
     check_prompt_input,
 )
 
@@ -33,6 +39,13 @@ _FINISH_REASONS = {
     FinishReason.STOP: pb.FINISH_REASON_STOP,
     FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
     FinishReason.ABORT: pb.FINISH_REASON_ABORT,
+    FinishReason.TOOL_CALLS: pb.FINISH_REASON_TOOL_CALLS,
+}
+_TOOL_MODES = {
+    pb.TOOL_CHOICE_MODE_UNSPECIFIED: ToolMode.AUTO,
+    pb.TOOL_CHOICE_MODE_AUTO: ToolMode.AUTO,
+    pb.TOOL_CHOICE_MODE_NONE: ToolMode.NONE,
+    pb.TOOL_CHOICE_MODE_REQUIRED: ToolMode.REQUIRED,
 }
 
 
@@ -42,7 +55,40 @@ def _optional(message, name: str):
 
 def messages_from_proto(chat: pb.ChatMessages) -> tuple[Message, ...]:
     # An unknown or unset role becomes "" and is rejected by check_prompt_input.
-    return tuple(Message(_ROLE_NAMES.get(m.role, ""), m.content) for m in chat.messages)
+    return tuple(Message(_ROLE_NAMES.get(m.role, ""), m.content, tool_calls_from_proto(m.tool_calls), m.tool_call_id)
+                 for m in chat.messages)
+
+
+def tools_from_proto(chat: pb.ChatMessages) -> tuple[Tool, ...]:
+    return tuple(Tool(t.name, t.description, t.parameters) for t in chat.tools)
+
+
+def tool_calls_from_proto(calls) -> tuple[ToolCall, ...]:
+    return tuple(ToolCall(c.id, c.name, c.arguments) for c in calls)
+
+
+def tool_calls_to_proto(calls: tuple[ToolCall, ...]) -> list[pb.ToolCall]:
+    return [pb.ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in calls]
+
+
+def tool_choice_from_proto(choice: pb.ToolChoice) -> ToolChoice:
+    if choice.WhichOneof("choice") == "tool_name":
+        return ToolChoice(ToolMode.NAMED, choice.tool_name)
+    return ToolChoice(_TOOL_MODES.get(choice.mode, ToolMode.AUTO))
+
+
+def constraint_from_proto(structured: pb.StructuredOutput) -> Constraint | None:
+    kind = structured.WhichOneof("constraint")
+    field = f"sampling.structured_output.{kind}"
+    if kind == "json_schema":
+        return Constraint("json", structured.json_schema, field)
+    if kind == "regex":
+        return Constraint("regex", structured.regex, field)
+    if kind == "choice":
+        return Constraint("choice", json.dumps(list(structured.choice.values)), field)
+    if kind == "grammar":
+        return Constraint("grammar", structured.grammar, field)
+    return None
 
 
 def prompt_from_generate(request: pb.GenerateRequest) -> PromptInput:
@@ -53,6 +99,8 @@ def prompt_from_generate(request: pb.GenerateRequest) -> PromptInput:
         prompt = PromptInput(
             messages=messages_from_proto(request.chat),
             add_generation_prompt=request.chat.add_generation_prompt if request.chat.HasField("add_generation_prompt") else True,
+            tools=tools_from_proto(request.chat),
+            tool_choice=tool_choice_from_proto(request.tool_choice),
         )
     elif kind == "token_ids":
         prompt = PromptInput(token_ids=tuple(request.token_ids.ids))
@@ -72,7 +120,7 @@ def prompt_from_tokenize(request: pb.TokenizeRequest) -> PromptInput:
             add_special_tokens=request.add_special_tokens if request.HasField("add_special_tokens") else True,
         )
     elif kind == "chat":
-        prompt = PromptInput(messages=messages_from_proto(request.chat))
+        prompt = PromptInput(messages=messages_from_proto(request.chat), tools=tools_from_proto(request.chat))
     else:
         prompt = PromptInput()
     check_prompt_input(prompt)
@@ -88,6 +136,7 @@ def sampling_from_proto(sampling: pb.SamplingParams) -> SamplingInput:
         stop=tuple(sampling.stop),
         seed=_optional(sampling, "seed"),
         ignore_eos=sampling.ignore_eos,
+        constraint=constraint_from_proto(sampling.structured_output),
     )
 
 
@@ -111,6 +160,9 @@ def result_to_proto(result: Result) -> pb.GenerateResponse:
                 total_ms=result.timings.total_ms,
             ),
             request_id=result.request_id,
+            tool_calls=tool_calls_to_proto(result.tool_calls),
+            structured_output_backend=result.structured_output_backend,
+            constraint_cache_hit=result.constraint_cache_hit,
         )
     )
 

@@ -10,6 +10,7 @@ it runs in a thread too: health checks keep answering NOT_SERVING meanwhile.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -23,7 +24,9 @@ from pathlib import Path
 from opentelemetry import trace
 
 from servicekit.errors import InvalidArgument, ResourceExhausted, Unavailable
+from servicekit.json_schema import SchemaVerdicts, check_schema
 
+from inference.constraints import MAX_SCHEMA_DEPTH, CompiledConstraint, ConstraintCache
 from inference.engine_plan import EnginePlan, ModelShape, Platform, plan_engine
 from inference.load import LoadTracker
 from inference.prompt_encoding import EncodedPrefix, PromptEncoder
@@ -35,21 +38,43 @@ from inference.requests import (
     Message,
     ModelInfo,
     PromptInput,
+    Constraint,
     Result,
     Sampling,
     Timings,
     Usage,
+    Tool,
     check_fits_context,
     check_token_ids,
 )
 from inference.settings import InferenceSettings
 from inference.smoke_model import build_smoke_model
+from inference.tools import (
+    ToolOutput,
+    ToolParsing,
+    check_constraint_exclusive,
+    choose_parser_name,
+    tool_call_constraint,
+)
 
 log = logging.getLogger(__name__)
 _TRACER = trace.get_tracer("agent-gateway.inference")
 
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
 WARMUP_TEXT = "Warm-up: the tokenizer and the engine see one request before real traffic does."
+#: The first constrained request starts the engine's structured-output backend (its tokenizer tables):
+#: warm-up sends one, so no caller pays for it.
+WARMUP_SCHEMA = '{"type":"object","properties":{"ok":{"type":"boolean"}},"required":["ok"]}'
+
+
+@dataclass(frozen=True)
+class StructuredOutputs:
+    """What shapes a generation's output: a vLLM constraint (compiled, cached or not) and the tool calls'
+    parsing."""
+
+    compiled: CompiledConstraint | None
+    cache_hit: bool
+    tool_output: ToolOutput
 
 
 def detect_platform() -> Platform:
@@ -82,9 +107,13 @@ class Engine:
     """One vLLM engine, its tokenizer and its load. Build it with :func:`open_engine`."""
 
     def __init__(self, llm, encoder: PromptEncoder, executor: ThreadPoolExecutor, settings: InferenceSettings,
-                 tracker: LoadTracker, model_name: str, device: str, vocab_size: int) -> None:
+                 tracker: LoadTracker, model_name: str, device: str, vocab_size: int,
+                 constraints: ConstraintCache | None = None, tool_parsing: ToolParsing | None = None) -> None:
         self._llm = llm
         self._encoder = encoder
+        self.constraints = constraints
+        self.tool_parsing = tool_parsing
+        self._schema_verdicts = SchemaVerdicts()
         self._executor = executor
         self._settings = settings
         self._tracker = tracker
@@ -129,11 +158,39 @@ class Engine:
         check_token_ids(token_ids, self.limits)
         return token_ids, reused
 
-    async def encode_prefix(self, messages: tuple[Message, ...]) -> EncodedPrefix | None:
+    async def encode_prefix(self, messages: tuple[Message, ...], tools: tuple[Tool, ...] = ()) -> EncodedPrefix | None:
         """A conversation's first messages, tokenized now for a request to come (None: this model cannot reuse them)."""
         if not self._encoder.reuses_prefixes:
             return None
-        return await self._off_loop(self._encoder.encode_prefix, messages)
+        return await self._off_loop(self._encoder.encode_prefix, messages, tools)
+
+    # -- structured outputs and tools ----------------------------------------------
+
+    async def _check_tool_schemas(self, tools: tuple[Tool, ...]) -> None:
+        """Every tool's parameters are a valid JSON Schema; each text is checked once (then remembered)."""
+        for index, tool in enumerate(tools):
+            key = SchemaVerdicts.key(tool.parameters)
+            if not tool.parameters or self._schema_verdicts.seen(key):
+                continue
+            await self._off_loop(lambda f=f"chat.tools[{index}].parameters", t=tool.parameters:
+                                 check_schema(f, t, max_depth=MAX_SCHEMA_DEPTH))
+            self._schema_verdicts.remember(key)
+
+    async def structured_outputs(self, prompt: PromptInput, sampling: Sampling) -> StructuredOutputs:
+        """The constraint (a forced tool call's, or the caller's) compiled or from the cache, and the tool parsing."""
+        await self._check_tool_schemas(prompt.tools)
+        check_constraint_exclusive(prompt, sampling.constraint)
+        constraint = tool_call_constraint(prompt) or sampling.constraint
+        compiled, hit = None, False
+        if constraint is not None:
+            if self.constraints is None:
+                raise InvalidArgument(constraint.field, "this service has no structured-output backend")
+            compiled = self.constraints.lookup(constraint)
+            hit = compiled is not None
+            if compiled is None:
+                with _TRACER.start_as_current_span("compile constraint"):
+                    compiled = await self._off_loop(self.constraints.compile, constraint)
+        return StructuredOutputs(compiled, hit, ToolOutput(prompt, self.tool_parsing))
 
     # -- generating --------------------------------------------------------------
 
@@ -187,6 +244,7 @@ class Engine:
             span.set_attributes({"agw.prompt_tokens": len(token_ids), "agw.prompt_tokens_tokenized_ahead": reused})
         check_fits_context(len(token_ids), sampling, self.limits)
         self._check_capacity()
+        shaped = await self.structured_outputs(prompt, sampling)
         params = SamplingParams(
             max_tokens=sampling.max_tokens,
             temperature=sampling.temperature,
@@ -196,6 +254,7 @@ class Engine:
             seed=sampling.seed,
             ignore_eos=sampling.ignore_eos,
             output_kind=RequestOutputKind.DELTA,
+            structured_outputs=shaped.compiled.structured_outputs() if shaped.compiled else None,
         )
         with _TRACER.start_as_current_span("render"):
             (engine_input,) = await self._llm.renderer.render_cmpl_async(
@@ -203,19 +262,28 @@ class Engine:
             )
         self._in_flight.add(request_id)
         completion_tokens = 0
+        tool_output = shaped.tool_output
         try:
             async with aclosing(self._llm.generate(engine_input, params, request_id)) as outputs:
                 async for output in outputs:
                     completion = output.outputs[0]
                     completion_tokens += len(completion.token_ids)
-                    if completion.text or completion.token_ids:
-                        yield Delta(completion.text, tuple(completion.token_ids))
+                    text = tool_output.feed(completion.text)
+                    if text or completion.token_ids:
+                        yield Delta(text, tuple(completion.token_ids))
                     if output.finished:
+                        rest, calls = tool_output.finish()
+                        if rest:  # held text that turned out not to be a call
+                            yield Delta(rest, ())
+                        finish = _FINISH.get(completion.finish_reason or "", FinishReason.STOP)
                         yield Result(
                             request_id=request_id,
-                            finish_reason=_FINISH.get(completion.finish_reason or "", FinishReason.STOP),
+                            finish_reason=FinishReason.TOOL_CALLS if calls else finish,
                             usage=Usage(len(token_ids), completion_tokens, output.num_cached_tokens or 0),
                             timings=_timings(output.metrics, started),
+                            tool_calls=calls,
+                            structured_output_backend=self.constraints.backend if shaped.compiled else "",
+                            constraint_cache_hit=shaped.cache_hit,
                         )
         except EngineDeadError as exc:
             self.mark_dead(str(exc) or "engine core exited")
@@ -264,7 +332,21 @@ class Engine:
             async for _ in stream:
                 pass
         steps.append(StartupStep("warm generation", (time.perf_counter() - started) * 1000))
+        if self.constraints is not None:
+            started = time.perf_counter()
+            constrained = Sampling(max_tokens=8, temperature=0.0, constraint=Constraint("json", WARMUP_SCHEMA))
+            async with aclosing(self.generate(prompt, constrained, "warmup-constrained")) as stream:
+                async for _ in stream:
+                    pass
+            steps.append(StartupStep("warm structured outputs", (time.perf_counter() - started) * 1000))
         return steps
+
+    async def warm_constraints(self, schemas: list[str]) -> None:
+        """Compile ``schemas`` into the constraint cache, so their first use is a hit."""
+        for index, schema in enumerate(schemas):
+            schema = schema if isinstance(schema, str) else json.dumps(schema, separators=(",", ":"))
+            await self._off_loop(self.constraints.compile,
+                                 Constraint("json", schema, field=f"AGW_INFERENCE_WARM_SCHEMAS_FILE[{index}]"))
 
 
 def _engine_prompt(token_ids: list[int], cache_salt: str | None) -> dict:
@@ -321,7 +403,11 @@ async def open_engine(settings: InferenceSettings, *, on_death=None) -> AsyncIte
 
         tracker = LoadTracker()
         started = time.perf_counter()
-        args = AsyncEngineArgs(**plan.engine_args, disable_log_stats=True)
+        from vllm.config import StructuredOutputsConfig
+
+        engine_args = {**plan.engine_args,
+                       "structured_outputs_config": StructuredOutputsConfig(**plan.engine_args["structured_outputs_config"])}
+        args = AsyncEngineArgs(**engine_args, disable_log_stats=True)
         llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[tracker.factory])
         stack.callback(llm.shutdown)
         steps.append(StartupStep("start engine", (time.perf_counter() - started) * 1000))
@@ -330,7 +416,15 @@ async def open_engine(settings: InferenceSettings, *, on_death=None) -> AsyncIte
         if not encoder.reuses_prefixes:
             log.info("%s: chat prefixes sent ahead (OpenGenerate) cannot be reused with this tokenizer and template; "
                      "such requests are tokenized whole", model)
-        engine = Engine(llm, encoder, executor, settings, tracker, model, platform.device, len(tokenizer))
+        constraints = await loop.run_in_executor(
+            executor, lambda: ConstraintCache(settings.structured_output_backend, tokenizer, settings.constraint_cache_size))
+        tool_parsing = ToolParsing.load(choose_parser_name(settings.tool_parser, tokenizer.chat_template), tokenizer)
+        log.info("tool calls in AUTO mode: %s", f"vLLM's {tool_parsing.name} parser" if tool_parsing else
+                 "not parsed (no parser for this chat template; set AGW_INFERENCE_TOOL_PARSER)")
+        engine = Engine(llm, encoder, executor, settings, tracker, model, platform.device, len(tokenizer),
+                        constraints, tool_parsing)
+        if settings.warm_schemas_file is not None:
+            await engine.warm_constraints(json.loads(settings.warm_schemas_file.read_text()))
         if settings.warmup:
             steps += await engine.warm_up()
         for step in steps:

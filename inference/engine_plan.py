@@ -146,4 +146,8 @@ def plan_engine(settings: InferenceSettings, platform: Platform, model_path: str
     if settings.quantization:
         args["quantization"] = settings.quantization
         reasons["quantization"] = "fewer bytes per weight for bandwidth-bound decoding"
+    args["structured_outputs_config"] = {"backend": settings.structured_output_backend,
+                                         "disable_any_whitespace": True}
+    reasons["structured_outputs_config"] = ("strict, compact JSON: llguidance escapes control characters in "
+                                            "strings (xgrammar lets them through); no whitespace runs")
     return EnginePlan(engine_args=args, reasons=reasons)

@@ -15,9 +15,10 @@ sample conversation, when the encoder is built.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
-from inference.requests import Message, PromptInput
+from inference.requests import Message, PromptInput, Tool
 
 #: Checked when the encoder is built: reused tokens must equal a whole encode.
 _SAMPLE = (Message("system", "Answer briefly."), Message("user", "What is a tuple?"),
@@ -32,6 +33,7 @@ class EncodedPrefix:
     messages: tuple[Message, ...]
     text: str
     token_ids: tuple[int, ...]
+    tools: tuple[Tool, ...] = ()
 
 
 class PromptEncoder:
@@ -44,17 +46,18 @@ class PromptEncoder:
         self._boundaries = tuple({token.content for token in tokenizer.added_tokens_decoder.values() if not token.lstrip})
         self.reuses_prefixes = self._reuse_holds_on_a_sample()
 
-    def render(self, messages: tuple[Message, ...], add_generation_prompt: bool) -> str:
+    def render(self, messages: tuple[Message, ...], add_generation_prompt: bool, tools: tuple[Tool, ...] = ()) -> str:
+        """The chat template's text; tools go through its own ``tools`` argument, in Hugging Face's shape."""
         return self._tokenizer.apply_chat_template(
-            [{"role": m.role, "content": m.content} for m in messages],
+            [_message_dict(m) for m in messages], tools=[_tool_dict(t) for t in tools] or None,
             add_generation_prompt=add_generation_prompt, tokenize=False,
         )
 
-    def encode_prefix(self, messages: tuple[Message, ...]) -> EncodedPrefix:
+    def encode_prefix(self, messages: tuple[Message, ...], tools: tuple[Tool, ...] = ()) -> EncodedPrefix:
         # Rendered as a whole conversation would start: the template already
         # holds the special tokens it wants (such as BOS).
-        text = self.render(messages, add_generation_prompt=False)
-        return EncodedPrefix(messages, text, tuple(self._tokenizer.encode(text, add_special_tokens=False)))
+        text = self.render(messages, add_generation_prompt=False, tools=tools)
+        return EncodedPrefix(messages, text, tuple(self._tokenizer.encode(text, add_special_tokens=False)), tools)
 
     def encode(self, prompt: PromptInput, prefix: EncodedPrefix | None = None) -> tuple[list[int], int]:
         """The prompt's token ids, and how many of them came from ``prefix`` (0 when it did not apply)."""
@@ -62,17 +65,18 @@ class PromptEncoder:
             return list(prompt.token_ids), 0
         if prompt.messages is None:
             return self._tokenizer.encode(prompt.text, add_special_tokens=prompt.add_special_tokens), 0
-        text = self.render(prompt.messages, prompt.add_generation_prompt)
+        text = self.render(prompt.messages, prompt.add_generation_prompt, prompt.tools)
         if prefix is not None and self.reuses_prefixes:
-            reused = self._after_prefix(prompt.messages, text, prefix)
+            reused = self._after_prefix(prompt.messages, text, prefix, prompt.tools)
             if reused is not None:
                 return reused, len(prefix.token_ids)
         return self._tokenizer.encode(text, add_special_tokens=False), 0
 
-    def _after_prefix(self, messages: tuple[Message, ...], text: str, prefix: EncodedPrefix) -> list[int] | None:
+    def _after_prefix(self, messages: tuple[Message, ...], text: str, prefix: EncodedPrefix,
+                      tools: tuple[Tool, ...] = ()) -> list[int] | None:
         rest = text[len(prefix.text):]
-        if (messages[:len(prefix.messages)] != prefix.messages or not text.startswith(prefix.text)
-                or not rest.startswith(self._boundaries)):
+        if (messages[:len(prefix.messages)] != prefix.messages or tools != prefix.tools
+                or not text.startswith(prefix.text) or not rest.startswith(self._boundaries)):
             return None
         return [*prefix.token_ids, *self._tokenizer.encode(rest, add_special_tokens=False)]
 
@@ -83,3 +87,29 @@ class PromptEncoder:
         text = self.render(whole, add_generation_prompt=True)
         reused = self._after_prefix(whole, text, self.encode_prefix(_SAMPLE))
         return reused is not None and reused == self._tokenizer.encode(text, add_special_tokens=False)
+
+
+def _message_dict(message: Message) -> dict:
+    """A message as chat templates take it: tool calls with their arguments as an object (templates apply
+    ``tojson``), a tool result with the id of its call."""
+    entry: dict = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        entry["tool_calls"] = [{"id": call.id, "type": "function",
+                                "function": {"name": call.name, "arguments": _json_or_text(call.arguments)}}
+                               for call in message.tool_calls]
+    if message.tool_call_id:
+        entry["tool_call_id"] = message.tool_call_id
+    return entry
+
+
+def _tool_dict(tool: Tool) -> dict:
+    parameters = _json_or_text(tool.parameters) if tool.parameters else {"type": "object"}
+    return {"type": "function", "function": {"name": tool.name, "description": tool.description,
+                                             "parameters": parameters}}
+
+
+def _json_or_text(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text

@@ -9,6 +9,7 @@ field and the limit.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from enum import Enum
 
@@ -16,12 +17,60 @@ from servicekit.errors import InvalidArgument
 
 ROLES = ("system", "user", "assistant", "tool")
 MAX_CACHE_SALT_CHARS = 256
+#: OpenAI's rule for function names, which chat templates and tool parsers assume.
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the model made: its id, the tool's name and the arguments as JSON text."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A function the model may call; ``parameters`` is a JSON Schema as JSON text ('' means no arguments)."""
+
+    name: str
+    description: str = ""
+    parameters: str = ""
 
 
 @dataclass(frozen=True)
 class Message:
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""
+
+
+class ToolMode(Enum):
+    """Whether the model may (AUTO), must not (NONE) or must (REQUIRED, NAMED: one tool) call a tool."""
+
+    AUTO = "auto"
+    NONE = "none"
+    REQUIRED = "required"
+    NAMED = "named"
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    mode: ToolMode = ToolMode.AUTO
+    name: str = ""  # the tool, for NAMED
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A structured-output constraint: ``kind`` is json, regex, choice or grammar; ``spec`` its text
+    (for choice, the strings as a JSON array)."""
+
+    kind: str
+    spec: str
+    field: str = "sampling.structured_output"
+    """Where the caller set it, for errors."""
 
 
 @dataclass(frozen=True)
@@ -35,6 +84,7 @@ class Sampling:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     ignore_eos: bool = False
+    constraint: Constraint | None = None
 
 
 @dataclass(frozen=True)
@@ -48,12 +98,14 @@ class SamplingInput:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     ignore_eos: bool = False
+    constraint: Constraint | None = None
 
 
 class FinishReason(Enum):
     STOP = "stop"
     LENGTH = "length"
     ABORT = "abort"
+    TOOL_CALLS = "tool_calls"
 
 
 @dataclass(frozen=True)
@@ -87,6 +139,9 @@ class Result:
     finish_reason: FinishReason
     usage: Usage
     timings: Timings
+    tool_calls: tuple[ToolCall, ...] = ()
+    structured_output_backend: str = ""
+    constraint_cache_hit: bool = False
 
 
 @dataclass(frozen=True)
@@ -133,6 +188,9 @@ class PromptInput:
     add_special_tokens: bool = True
     cache_salt: str | None = None
     """Prefix-cache partition (vLLM's ``cache_salt``); None shares the default one."""
+    tools: tuple[Tool, ...] = ()
+    """Rendered by the chat template; chat input only."""
+    tool_choice: ToolChoice = ToolChoice()
 
 
 def check_prompt_input(prompt: PromptInput, field_name: str = "input") -> None:
@@ -155,6 +213,26 @@ def check_prompt_input(prompt: PromptInput, field_name: str = "input") -> None:
         raise InvalidArgument(field_name, "no prompt given; set one of prompt, chat or token_ids")
     if prompt.cache_salt is not None and len(prompt.cache_salt) > MAX_CACHE_SALT_CHARS:
         raise InvalidArgument("cache_salt", f"is {len(prompt.cache_salt)} characters; the limit is {MAX_CACHE_SALT_CHARS}")
+    check_tools(prompt, field_name)
+
+
+def check_tools(prompt: PromptInput, field_name: str = "input") -> None:
+    """Tools come with chat input, have unique well-formed names, and the tool choice names one of them."""
+    if prompt.tools and prompt.messages is None:
+        raise InvalidArgument(f"{field_name}.chat.tools", "tools need chat input (the chat template renders them)")
+    seen: set[str] = set()
+    for index, tool in enumerate(prompt.tools):
+        if not TOOL_NAME.fullmatch(tool.name):
+            raise InvalidArgument(f"chat.tools[{index}].name",
+                                  f"{tool.name[:80]!r} is not a tool name: 1 to 64 of a-z, A-Z, 0-9, '_' and '-'")
+        if tool.name in seen:
+            raise InvalidArgument(f"chat.tools[{index}].name", f"{tool.name!r} is given twice; names are unique")
+        seen.add(tool.name)
+    choice = prompt.tool_choice
+    if choice.mode is ToolMode.REQUIRED and not prompt.tools:
+        raise InvalidArgument("tool_choice", "is REQUIRED but no tools are given; send chat.tools")
+    if choice.mode is ToolMode.NAMED and choice.name not in seen:
+        raise InvalidArgument("tool_choice.tool_name", f"{choice.name[:80]!r} is not one of chat.tools")
 
 
 def resolve_sampling(given: SamplingInput, limits: Limits) -> Sampling:
@@ -178,7 +256,8 @@ def resolve_sampling(given: SamplingInput, limits: Limits) -> Sampling:
         raise InvalidArgument("sampling.top_k", f"must be -1 (all) or a positive count (got {top_k})")
     if any(not s for s in given.stop):
         raise InvalidArgument("sampling.stop", "stop strings must not be empty")
-    return Sampling(max_tokens, temperature, top_p, top_k, tuple(given.stop), given.seed, given.ignore_eos)
+    return Sampling(max_tokens, temperature, top_p, top_k, tuple(given.stop), given.seed, given.ignore_eos,
+                    given.constraint)
 
 
 def check_token_ids(token_ids: tuple[int, ...] | list[int], limits: Limits) -> None:

@@ -17,7 +17,7 @@ from opentelemetry import trace
 
 from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from servicekit.errors import InvalidArgument, Unavailable
-from servicekit.metrics import gauge, meter
+from servicekit.metrics import counter, gauge, meter
 from servicekit.server import Health
 
 from inference.convert import (
@@ -29,6 +29,7 @@ from inference.convert import (
     prompt_from_tokenize,
     result_to_proto,
     sampling_from_proto,
+    tools_from_proto,
 )
 from inference.engine import Engine, open_engine
 from inference.prompt_encoding import EncodedPrefix
@@ -115,7 +116,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                     raise InvalidArgument("prefix", "was sent twice; send at most one, before the request")
                 trace.get_current_span().add_event("agw.prefix_received")
                 # Tokenized while the caller builds the rest of its prompt.
-                prefix = asyncio.ensure_future(engine.encode_prefix(messages_from_proto(message.prefix)))
+                prefix = asyncio.ensure_future(engine.encode_prefix(messages_from_proto(message.prefix),
+                                                                    tools_from_proto(message.prefix)))
             trace.get_current_span().add_event("agw.request_received")
             encoded = None
             if prefix is not None:
@@ -176,6 +178,9 @@ def _record_result(span, result: Result, output: list[str] | None) -> None:
         "agw.timings.queue_ms": result.timings.queue_ms,
         "agw.timings.first_token_ms": result.timings.first_token_ms,
         "agw.timings.decode_ms": result.timings.decode_ms,
+        "agw.tool_calls": len(result.tool_calls),
+        "agw.structured_output.backend": result.structured_output_backend,
+        "agw.structured_output.cache_hit": result.constraint_cache_hit,
     })
     if output is not None:
         span.set_attribute("gen_ai.output.messages", json.dumps([{"role": "assistant", "content": "".join(output)}]))
@@ -192,6 +197,11 @@ def _observe(engine: Engine) -> None:
     gauge(inference_meter, "agw.engine.requests", requests, description="Engine requests running and waiting.")
     gauge(inference_meter, "agw.engine.kv_cache.usage", lambda: [(engine.load().kv_cache_usage, {})],
           description="Fraction of the KV cache in use (0-1).")
+    if engine.constraints is not None:
+        cache = engine.constraints
+        counter(inference_meter, "agw.inference.constraint_cache",
+                lambda: [(cache.hits, {"outcome": "hit"}), (cache.misses, {"outcome": "miss"})],
+                description="Structured-output constraints found compiled (hit) or compiled (miss).")
 
 
 class InferenceApp:

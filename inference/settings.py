@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 
@@ -42,6 +43,15 @@ class InferenceSettings(ServiceSettings):
     tokenizer_threads: int = Field(2, gt=0, description="Threads for tokenizing and chat templating off the loop.")
     seed: int = Field(0, description="The engine's random seed (requests may set their own).")
     warmup: bool = Field(True, description="Warm tokenizer and engine before SERVING (off only to measure it).")
+    structured_output_backend: Literal["guidance", "xgrammar"] = Field(
+        "guidance", description="vLLM's structured-output backend: guidance (llguidance) guarantees strict JSON; "
+        "xgrammar lets raw control characters into JSON strings.")
+    tool_parser: str = Field(
+        "auto", description="vLLM tool parser for tool_choice AUTO (e.g. hermes, llama3_json, mistral); auto reads "
+        "the chat template, none disables parsing.")
+    constraint_cache_size: int = Field(256, gt=0, description="Compiled structured-output constraints kept, by text.")
+    warm_schemas_file: Path | None = Field(
+        None, description="A JSON file holding a list of JSON Schemas compiled into the cache at start.")
 
     @property
     def smoke_model_dir(self) -> Path:

@@ -23,17 +23,34 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 #: Bumped whenever the builder's output changes, so stale builds are redone.
-BUILD_VERSION = 1
+BUILD_VERSION = 2
 MARKER = "agentgw-smoke-model.json"
 
+#: Tools are rendered right after the system message (before it when there is none), so a session's
+#: system prompt stays a prefix shared with its tool-less sessions and its tools stay in its own cached
+#: prefix. Calls follow the Hermes convention (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``),
+#: which vLLM's ``hermes`` tool parser reads.
+_TOOLS_BLOCK = (
+    "{% if tools %}<|system|>\n# Tools\nCall a tool as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>.\n"
+    "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}<|end|>\n{% endif %}"
+)
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
+    "{% if not messages or messages[0]['role'] != 'system' %}" + _TOOLS_BLOCK + "{% endif %}"
     "{% for message in messages %}"
-    "<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}"
+    "{% for call in message.get('tool_calls') or [] %}"
+    "<tool_call>{\"name\": {{ call['function']['name'] | tojson }}, \"arguments\": "
+    "{% if call['function']['arguments'] is string %}{{ call['function']['arguments'] }}"
+    "{% else %}{{ call['function']['arguments'] | tojson }}{% endif %}}</tool_call>"
+    "{% endfor %}<|end|>\n"
+    "{% if loop.first and message['role'] == 'system' %}" + _TOOLS_BLOCK + "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>", "<|end|>"]
+#: Added but not special: a special token is dropped from decoded text, and the tool parser must see these.
+TOOL_TOKENS = ["<tool_call>", "</tool_call>"]
 
 
 @dataclass(frozen=True)
@@ -58,7 +75,7 @@ def _corpus() -> list[str]:
 
 
 def _train_tokenizer(spec: SmokeModelSpec):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
@@ -72,6 +89,7 @@ def _train_tokenizer(spec: SmokeModelSpec):
     )
     tokenizer.train_from_iterator(_corpus(), trainer=trainer)
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    tokenizer.add_tokens([AddedToken(token, special=False, normalized=False) for token in TOOL_TOKENS])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token="<s>",

@@ -125,6 +125,13 @@ def test_up_answers_passes_the_doctor_and_stops_clean(tmp_path):
         assert len(finals) == 2 and finals[0]["sessionId"] == finals[1]["sessionId"]
         assert finals[1]["usage"]["promptTokens"] > finals[0]["usage"]["promptTokens"]  # history in the prompt
 
+        # A local tool loop: the forced call runs search_docs against the gateway's Retrieve, its result goes back.
+        tools = Path(__file__).resolve().parents[2] / "docs" / "examples" / "tools.json"
+        loop = stack.cli("chat", "--tools", str(tools), "--tool-choice", "search_docs", "--max-steps", "2",
+                         "--max-tokens", "48", "What is a tuple?")
+        assert loop.returncode == 0, loop.stderr
+        assert "tool call search_docs({\"query\":" in loop.stdout and '  -> [{"id": ' in loop.stdout, loop.stdout
+
         doctor = stack.cli("doctor")
         assert doctor.returncode == 0, doctor.stdout + doctor.stderr
         assert "0 warn, 0 fail" in doctor.stdout

@@ -21,7 +21,7 @@ from agent.retrieval.v1 import retrieval_pb2
 from gateway.backends import INFERENCE_SERVICE, RETRIEVAL_SERVICE
 from gateway.service import GATEWAY_SERVICE
 from servicekit import ChannelSpec, ClientTls, open_channel
-from tests.support.calls import call_method
+from tests.support.calls import call_method, write_once
 from tests.support.gateway_stack import gateway_server
 from tests.support.grpc_client import mtls_channel
 from tests.support.retrieval_service import retrieval_server
@@ -77,7 +77,9 @@ async def test_a_tenant_certificate_is_refused_on_every_backend_rpc(retrieval, i
         reflection = channel.stream_stream("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
                                            request_serializer=lambda b: b, response_deserializer=lambda b: b)
         with pytest.raises(grpc.aio.AioRpcError) as caught:
-            [m async for m in reflection(iter([b""]), timeout=5)]
+            call = reflection(timeout=5)
+            await write_once(call, b"")
+            [m async for m in call]
         assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
     # The refusals were counted where they happened, with the identity.
     assert running.authorizer.peers_seen  # the tenant's serial was recorded before the refusal

@@ -16,13 +16,29 @@ async def call_method(channel: grpc.aio.Channel, method: MethodDescriptor, reque
     request = request if request is not None else request_class()
     serialize, deserialize = request_class.SerializeToString, response_class.FromString
     if method.client_streaming and method.server_streaming:
-        call = channel.stream_stream(path, request_serializer=serialize, response_deserializer=deserialize)
-        return [message async for message in call(iter([request]), timeout=timeout)]
+        call = channel.stream_stream(path, request_serializer=serialize, response_deserializer=deserialize)(
+            timeout=timeout)
+        await write_once(call, request)
+        return [message async for message in call]
     if method.server_streaming:
         call = channel.unary_stream(path, request_serializer=serialize, response_deserializer=deserialize)
         return [message async for message in call(request, timeout=timeout)]
     if method.client_streaming:
-        call = channel.stream_unary(path, request_serializer=serialize, response_deserializer=deserialize)
-        return [await call(iter([request]), timeout=timeout)]
+        call = channel.stream_unary(path, request_serializer=serialize, response_deserializer=deserialize)(
+            timeout=timeout)
+        await write_once(call, request)
+        return [await call]
     call = channel.unary_unary(path, request_serializer=serialize, response_deserializer=deserialize)
     return [await call(request, timeout=timeout)]
+
+
+async def write_once(call, request) -> None:
+    """Write one request and half-close, explicitly rather than from a request iterator.
+
+    A server that refuses at once (authorization) may end the call before the
+    request is sent. gRPC's iterator path then reports a client-side INTERNAL
+    ("Internal error from Core") in place of the server's status; the explicit
+    write waits for and raises the server's status instead.
+    """
+    await call.write(request)
+    await call.done_writing()

@@ -7,7 +7,8 @@ against vLLM elsewhere; this exists only to inject timings and faults.
 
 Script, through the request:
 - Generate: ``prompt`` = "tokens=N delay=S" streams N messages S seconds apart;
-  "pad=B" adds B bytes to each message's text (to fill flow-control windows).
+  "pad=B" adds B bytes to each message's text (to fill flow-control windows);
+  "call=NAME" ends with a call of tool NAME (finish reason TOOL_CALLS).
   Every stream's prompt is appended to ``ScriptedInference.closed`` when its
   handler's cleanup has run, however the call ended.
 - Tokenize: ``text`` = "invalid" | "busy" | "crash" raises that failure;
@@ -43,8 +44,20 @@ class ScriptedSettings(ServiceSettings):
 
 
 def parse_script(prompt: str) -> tuple[int, float, int]:
-    fields = dict(part.split("=", 1) for part in prompt.split() if "=" in part)
+    fields = _fields(prompt)
     return int(fields.get("tokens", 3)), float(fields.get("delay", 0)), int(fields.get("pad", 0))
+
+
+def _fields(prompt: str) -> dict[str, str]:
+    return dict(part.split("=", 1) for part in prompt.split() if "=" in part)
+
+
+def _result(script: str, generation: int) -> inference_pb2.GenerationResult:
+    tool = _fields(script).get("call")
+    if tool is None:
+        return inference_pb2.GenerationResult(finish_reason=inference_pb2.FINISH_REASON_LENGTH)
+    call = inference_pb2.ToolCall(id=f"call_{generation}", name=tool, arguments=f'{{"step":{generation}}}')
+    return inference_pb2.GenerationResult(finish_reason=inference_pb2.FINISH_REASON_TOOL_CALLS, tool_calls=[call])
 
 
 class ScriptedInference(inference_pb2_grpc.InferenceServicer):
@@ -95,9 +108,7 @@ class ScriptedInference(inference_pb2_grpc.InferenceServicer):
                 if index:
                     await asyncio.sleep(delay)
                 yield inference_pb2.GenerateResponse(text=f"t{index} " + "x" * pad, token_ids=[index])
-            yield inference_pb2.GenerateResponse(
-                result=inference_pb2.GenerationResult(finish_reason=inference_pb2.FINISH_REASON_LENGTH)
-            )
+            yield inference_pb2.GenerateResponse(result=_result(script, self.generations))
         finally:
             self.closed.append(request.prompt)
 

@@ -25,21 +25,65 @@ class RetrievalOptions(_message.Message):
     payload_fields: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, enabled: _Optional[bool] = ..., collection: _Optional[str] = ..., top_k: _Optional[int] = ..., filter: _Optional[_Union[_retrieval_pb2.Filter, _Mapping]] = ..., payload_fields: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class ResponseFormat(_message.Message):
+    __slots__ = ("text", "json_schema")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    text: TextFormat
+    json_schema: JsonSchemaFormat
+    def __init__(self, text: _Optional[_Union[TextFormat, _Mapping]] = ..., json_schema: _Optional[_Union[JsonSchemaFormat, _Mapping]] = ...) -> None: ...
+
+class TextFormat(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class JsonSchemaFormat(_message.Message):
+    __slots__ = ("name", "schema", "strict")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    STRICT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    schema: str
+    strict: bool
+    def __init__(self, name: _Optional[str] = ..., schema: _Optional[str] = ..., strict: _Optional[bool] = ...) -> None: ...
+
+class ToolResult(_message.Message):
+    __slots__ = ("tool_call_id", "content")
+    TOOL_CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    tool_call_id: str
+    content: str
+    def __init__(self, tool_call_id: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+
 class ChatRequest(_message.Message):
-    __slots__ = ("session_id", "message", "retrieval", "generation", "system_prompt", "idempotency_key")
+    __slots__ = ("session_id", "message", "retrieval", "generation", "system_prompt", "idempotency_key", "tools", "tool_choice", "response_format", "tool_results")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     RETRIEVAL_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     SYSTEM_PROMPT_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    TOOL_RESULTS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     message: str
     retrieval: RetrievalOptions
     generation: _inference_pb2.SamplingParams
     system_prompt: str
     idempotency_key: str
-    def __init__(self, session_id: _Optional[str] = ..., message: _Optional[str] = ..., retrieval: _Optional[_Union[RetrievalOptions, _Mapping]] = ..., generation: _Optional[_Union[_inference_pb2.SamplingParams, _Mapping]] = ..., system_prompt: _Optional[str] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+    tools: _containers.RepeatedCompositeFieldContainer[_inference_pb2.Tool]
+    tool_choice: _inference_pb2.ToolChoice
+    response_format: ResponseFormat
+    tool_results: _containers.RepeatedCompositeFieldContainer[ToolResult]
+    def __init__(self, session_id: _Optional[str] = ..., message: _Optional[str] = ..., retrieval: _Optional[_Union[RetrievalOptions, _Mapping]] = ..., generation: _Optional[_Union[_inference_pb2.SamplingParams, _Mapping]] = ..., system_prompt: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[_inference_pb2.Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[_inference_pb2.ToolChoice, _Mapping]] = ..., response_format: _Optional[_Union[ResponseFormat, _Mapping]] = ..., tool_results: _Optional[_Iterable[_Union[ToolResult, _Mapping]]] = ...) -> None: ...
+
+class ToolCallEvent(_message.Message):
+    __slots__ = ("call",)
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    call: _inference_pb2.ToolCall
+    def __init__(self, call: _Optional[_Union[_inference_pb2.ToolCall, _Mapping]] = ...) -> None: ...
 
 class ContextEvent(_message.Message):
     __slots__ = ("documents",)
@@ -94,14 +138,16 @@ class TurnSummary(_message.Message):
     def __init__(self, finish_reason: _Optional[_Union[_inference_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_inference_pb2.Usage, _Mapping]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[bool] = ..., degraded_reason: _Optional[str] = ..., trace_id: _Optional[str] = ..., session_id: _Optional[str] = ..., replayed: _Optional[bool] = ..., engine_timings: _Optional[_Union[_inference_pb2.GenerationTimings, _Mapping]] = ...) -> None: ...
 
 class ChatResponse(_message.Message):
-    __slots__ = ("context", "delta", "final")
+    __slots__ = ("context", "delta", "final", "tool_call")
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
     FINAL_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_FIELD_NUMBER: _ClassVar[int]
     context: ContextEvent
     delta: TokenDelta
     final: TurnSummary
-    def __init__(self, context: _Optional[_Union[ContextEvent, _Mapping]] = ..., delta: _Optional[_Union[TokenDelta, _Mapping]] = ..., final: _Optional[_Union[TurnSummary, _Mapping]] = ...) -> None: ...
+    tool_call: ToolCallEvent
+    def __init__(self, context: _Optional[_Union[ContextEvent, _Mapping]] = ..., delta: _Optional[_Union[TokenDelta, _Mapping]] = ..., final: _Optional[_Union[TurnSummary, _Mapping]] = ..., tool_call: _Optional[_Union[ToolCallEvent, _Mapping]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("request",)
@@ -147,20 +193,24 @@ class Session(_message.Message):
     def __init__(self, id: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., message_count: _Optional[int] = ...) -> None: ...
 
 class Message(_message.Message):
-    __slots__ = ("ordinal", "role", "content", "token_count", "trace_id", "create_time")
+    __slots__ = ("ordinal", "role", "content", "token_count", "trace_id", "create_time", "tool_calls", "tool_call_id")
     ORDINAL_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_ID_FIELD_NUMBER: _ClassVar[int]
     ordinal: int
     role: _inference_pb2.Role
     content: str
     token_count: int
     trace_id: str
     create_time: _timestamp_pb2.Timestamp
-    def __init__(self, ordinal: _Optional[int] = ..., role: _Optional[_Union[_inference_pb2.Role, str]] = ..., content: _Optional[str] = ..., token_count: _Optional[int] = ..., trace_id: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    tool_calls: _containers.RepeatedCompositeFieldContainer[_inference_pb2.ToolCall]
+    tool_call_id: str
+    def __init__(self, ordinal: _Optional[int] = ..., role: _Optional[_Union[_inference_pb2.Role, str]] = ..., content: _Optional[str] = ..., token_count: _Optional[int] = ..., trace_id: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tool_calls: _Optional[_Iterable[_Union[_inference_pb2.ToolCall, _Mapping]]] = ..., tool_call_id: _Optional[str] = ...) -> None: ...
 
 class CreateSessionRequest(_message.Message):
     __slots__ = ("metadata",)
