@@ -130,7 +130,7 @@ def turn_request_from_proto(request: pb.ChatRequest) -> TurnRequest:
                              options.filter if options.HasField("filter") else None,
                              tuple(options.payload_fields)) if wanted else None
     return TurnRequest(
-        message=request.message,
+        message=request.message if request.message.strip() else "",  # blank beside tool results: none
         session_id=parse_session_id(request.session_id) if request.session_id else None,
         system_prompt=request.system_prompt, retrieval=retrieval, sampling=_sampling(request),
         idempotency_key=request.idempotency_key,
