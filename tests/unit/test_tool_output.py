@@ -153,3 +153,48 @@ def test_a_history_window_of_a_tool_loop_starts_on_a_user_message():
     window = history_window(rows, max_messages=6, token_budget=1000, step=2)
     assert window.messages[0]["role"] == "user" and window.start == 6
     assert [m["ordinal"] for m in window.messages] == [6, 7, 8, 9]
+
+
+@pytest.mark.parametrize(("request_", "field", "says"), [
+    (pb.ChatRequest(tool_results=[pb.ToolResult(tool_call_id=f"c{i}") for i in range(3)]), "tool_results",
+     "the limit is 2 (AGW_GATEWAY_MAX_TOOL_RESULTS)"),
+    (pb.ChatRequest(tool_results=[pb.ToolResult(tool_call_id="c", content="x" * 101)]), "tool_results[0].content",
+     "AGW_GATEWAY_MAX_MESSAGE_CHARS"),
+    (pb.ChatRequest(tool_results=[pb.ToolResult(tool_call_id="c" * 300)]), "tool_results[0].tool_call_id",
+     "AGW_GATEWAY_MAX_KEY_CHARS"),
+    (pb.ChatRequest(tools=[inference_pb2.Tool(name="t", description="d" * 11)]), "tools[0].description",
+     "AGW_GATEWAY_MAX_TOOL_DESCRIPTION_CHARS"),
+    (pb.ChatRequest(response_format=pb.ResponseFormat(json_schema=pb.JsonSchemaFormat(name="n" * 300))),
+     "response_format.json_schema.name", "AGW_GATEWAY_MAX_KEY_CHARS"),
+    (pb.ChatRequest(generation=inference_pb2.SamplingParams(structured_output=inference_pb2.StructuredOutput(
+        regex="a" * 65))), "generation.structured_output.regex", "AGW_GATEWAY_MAX_SCHEMA_BYTES"),
+    (pb.ChatRequest(generation=inference_pb2.SamplingParams(structured_output=inference_pb2.StructuredOutput(
+        choice=inference_pb2.Choices(values=["a", "b", "c"])))), "generation.structured_output.choice.values",
+     "AGW_GATEWAY_MAX_CHOICE_VALUES"),
+])
+def test_every_new_chat_field_has_a_bound_named_in_its_refusal(request_, field, says):
+    from gateway.bounds import Bounds
+    from gateway.settings import GatewaySettings
+
+    bounds = Bounds(GatewaySettings(max_tool_results=2, max_message_chars=100, max_tool_description_chars=10,
+                                    max_schema_bytes=64, max_choice_values=2))
+    request_.message = "hi"
+    with pytest.raises(InvalidArgument) as caught:
+        bounds.chat(request_)
+    assert caught.value.field == field and says in str(caught.value), str(caught.value)
+
+
+def test_generate_passthrough_bounds_tools_and_calls():
+    from gateway.bounds import Bounds
+    from gateway.settings import GatewaySettings
+
+    bounds = Bounds(GatewaySettings(max_tools=1, max_message_chars=100))
+    chat = inference_pb2.ChatMessages(messages=[inference_pb2.ChatMessage(
+        role=inference_pb2.ROLE_ASSISTANT, tool_calls=[inference_pb2.ToolCall(arguments="x" * 101)])])
+    with pytest.raises(InvalidArgument) as caught:
+        bounds.generate(pb.GenerateRequest(request=inference_pb2.GenerateRequest(chat=chat)))
+    assert caught.value.field == "request.chat.messages[0].tool_calls[0].arguments"
+    chat = inference_pb2.ChatMessages(tools=[inference_pb2.Tool(name="a"), inference_pb2.Tool(name="b")])
+    with pytest.raises(InvalidArgument) as caught:
+        bounds.generate(pb.GenerateRequest(request=inference_pb2.GenerateRequest(chat=chat)))
+    assert caught.value.field == "request.chat.tools"
