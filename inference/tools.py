@@ -120,6 +120,7 @@ class ToolOutput:
             self._parsing is not None and not self._parsing.marker)
         self._text: list[str] = []
         self._sent = 0  # characters of the joined text already streamed
+        self._pending = ""  # text after what was streamed, not yet known not to open a call
         self._holding = False
 
     @property
@@ -133,16 +134,17 @@ class ToolOutput:
         self._text.append(text)
         if self._holds_all or self._holding:
             return ""
-        joined = "".join(self._text)
-        marker = self._parsing.marker
-        found = joined.find(marker, self._sent)
+        # Only the unsent tail is searched, so a long answer costs linear time, not quadratic.
+        pending, marker = self._pending + text, self._parsing.marker
+        found = pending.find(marker)
         if found >= 0:
             self._holding = True
             sendable = found
         else:
-            sendable = len(joined) - _partial_overlap(joined, marker)
-        out, self._sent = joined[self._sent:sendable], max(self._sent, sendable)
-        return out
+            sendable = len(pending) - _partial_overlap(pending, marker)
+        self._pending = pending[sendable:]
+        self._sent += sendable
+        return pending[:sendable]
 
     def finish(self) -> tuple[str, tuple[ToolCall, ...]]:
         """(text still to stream, the calls) once the generation ended."""
