@@ -322,8 +322,7 @@ class ChatTurns:
                 # One round trip: the messages, the key's result and the end of its claim, in one transaction.
                 # What a replay returns carries the timings up to here (persist and total not yet known).
                 await self.store.store(turn.tenant, session_id, turn.request, claim,
-                                       messages=turn.messages_to_store(), answer="".join(turn.pieces),
-                                       tool_calls=tool_calls_to_json(turn.tool_calls),
+                                       messages=turn.messages_to_store(),
                                        outcome=replace(outcome, timings=replace(timings)), trace_id=trace_id)
             timings.persist_ms = clock.ms(persist_started)
         timings.total_ms = clock.ms()

@@ -130,11 +130,11 @@ class TurnStore:
             claim.session_id, claim.key, claim.holder))
 
     async def store(self, tenant: str, session_id: uuid.UUID, request: TurnRequest, claim: Claim | None, *,
-                    messages: list[dict], answer: str, tool_calls: list[dict], outcome: Outcome,
-                    trace_id: str) -> None:
-        """Append the turn's messages (tool results, the user's, the answer with its calls; ``messages``, as
-        migrations/0004 takes them) and the key's result, in one transaction."""
-        result = json.dumps({"text": answer, "tool_calls": tool_calls,
+                    messages: list[dict], outcome: Outcome, trace_id: str) -> None:
+        """Append the turn's messages (tool results, the user's, then the answer with its calls, last; as
+        migrations/0004 takes them) and the key's result (the answer, for replays), in one transaction."""
+        answer = messages[-1]
+        result = json.dumps({"text": answer["content"], "tool_calls": answer.get("tool_calls", []),
                              "final": outcome_to_proto(outcome).SerializeToString().hex()})
         outcome = await self.database.run(lambda connection: connection.fetchval(
             "SELECT agw_store_turn_messages($1, $2, $3, $4::jsonb, $5::jsonb, $6, $7, $8)",

@@ -51,7 +51,8 @@ class CompiledConstraint:
 
 
 class ConstraintCache:
-    """Checks and caches constraints for one engine; ``lookup`` is O(1) on the loop, ``compile`` runs on a thread."""
+    """Checks and caches constraints for one engine. ``compile`` is pure CPU work for a thread; the cache is
+    touched only by ``lookup`` and ``remember``, both on the event loop, so no thread ever mutates it."""
 
     def __init__(self, backend: str, tokenizer, capacity: int = 256) -> None:
         self.backend = backend
@@ -76,15 +77,17 @@ class ConstraintCache:
         return compiled
 
     def compile(self, constraint: Constraint) -> CompiledConstraint:
-        """Check ``constraint`` (INVALID_ARGUMENT naming its field) and cache it. Thread-safe enough: a race
-        compiles twice and keeps one."""
-        compiled = CompiledConstraint(constraint.kind, self._check(constraint))
+        """Check ``constraint`` (INVALID_ARGUMENT naming its field); off the loop. Caches nothing: see
+        :meth:`remember`."""
+        return CompiledConstraint(constraint.kind, self._check(constraint))
+
+    def remember(self, constraint: Constraint, compiled: CompiledConstraint) -> None:
+        """Cache a compiled constraint (on the loop), evicting the least recently used past capacity."""
         key = (constraint.kind, constraint.spec)
         self._compiled[key] = compiled
         self._compiled.move_to_end(key)
         while len(self._compiled) > self._capacity:
             self._compiled.popitem(last=False)
-        return compiled
 
     def _check(self, constraint: Constraint) -> tuple[tuple[str, object], ...]:
         field, spec = constraint.field, constraint.spec

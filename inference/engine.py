@@ -190,6 +190,7 @@ class Engine:
             if compiled is None:
                 with _TRACER.start_as_current_span("compile constraint"):
                     compiled = await self._off_loop(self.constraints.compile, constraint)
+                self.constraints.remember(constraint, compiled)
         return StructuredOutputs(compiled, hit, ToolOutput(prompt, self.tool_parsing))
 
     # -- generating --------------------------------------------------------------
@@ -342,11 +343,12 @@ class Engine:
         return steps
 
     async def warm_constraints(self, schemas: list[str]) -> None:
-        """Compile ``schemas`` into the constraint cache, so their first use is a hit."""
+        """Compile ``schemas`` into the constraint cache, so their first use is a hit (the cache is keyed by
+        the schema's text: a schema given as an object is keyed by its compact JSON)."""
         for index, schema in enumerate(schemas):
             schema = schema if isinstance(schema, str) else json.dumps(schema, separators=(",", ":"))
-            await self._off_loop(self.constraints.compile,
-                                 Constraint("json", schema, field=f"AGW_INFERENCE_WARM_SCHEMAS_FILE[{index}]"))
+            constraint = Constraint("json", schema, field=f"AGW_INFERENCE_WARM_SCHEMAS_FILE[{index}]")
+            self.constraints.remember(constraint, await self._off_loop(self.constraints.compile, constraint))
 
 
 def _engine_prompt(token_ids: list[int], cache_salt: str | None) -> dict:
