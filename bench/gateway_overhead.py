@@ -12,9 +12,14 @@ run and with mTLS everywhere:
 at concurrency 1, 16 and 64, over two long-lived client connections per path
 (so two gateway workers, or two Envoy worker threads, share the load).
 Reports p50/p99 latency, throughput, the added p50 against direct, and the
-throughput ratio to direct.
+throughput ratio to direct; and the CPU each process spent per token
+forwarded (streams) or per call (unary), from /proc/<pid>/stat before and
+after each run: the proxy on the path (gateway workers or Envoy), the
+inference service's own process, and vLLM's engine processes apart. Messages
+per call are counted at the client (tokens do not change under coalescing;
+messages may).
 
-    python bench/gateway_overhead.py [--requests 300] [--workers 2] [--json bench/out/overhead.json]
+    python bench/gateway_overhead.py [--requests 300] [--workers 1,2] [--json bench/out/overhead.json]
 """
 
 from __future__ import annotations
@@ -45,11 +50,27 @@ from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from agent.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from gateway.tenancy import physical_collection
 from servicekit import ChannelSpec, ClientTls, open_channel, wait_ready
+from servicekit.procfs import cpu_seconds, descendants
 from tests.support.servers import free_port
 
 DIM = 384
 COLLECTION = "bench"
 CONCURRENCY = (1, 16, 64)
+MAX_TOKENS = 32
+
+
+class CpuMeter:
+    """CPU seconds of groups of processes (``/proc/<pid>/stat``), read before and after each run."""
+
+    def __init__(self, groups: dict[str, callable]) -> None:
+        self.groups = groups  # name -> a function listing the group's pids now
+
+    def sample(self) -> dict[str, float]:
+        return {name: sum(cpu_seconds(pid) or 0.0 for pid in pids()) for name, pids in self.groups.items()}
+
+    @staticmethod
+    def spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+        return {name: after[name] - before[name] for name in before}
 
 
 def envoy_config(tls: Path, port: int, retrieval_port: int, inference_port: int) -> dict:
@@ -111,24 +132,29 @@ def start_envoy(root: Path, tls: Path, retrieval_port: int, inference_port: int)
     return process, port
 
 
-async def run_level(calls, concurrency: int, total: int) -> tuple[list[float], float]:
-    """``total`` calls by ``concurrency`` workers; worker i uses client connection i % len(calls)."""
+async def run_level(calls, concurrency: int, total: int) -> tuple[list[float], float, int]:
+    """``total`` calls by ``concurrency`` workers; worker i uses client connection i % len(calls).
+
+    Returns the latencies, the calls per second and the messages the client received."""
     latencies: list[float] = []
     queue = iter(range(total))
+    messages = 0
 
     async def worker(index: int):
+        nonlocal messages
         call = calls[index % len(calls)]
         for _ in queue:
             started = time.perf_counter()
-            await call()
+            messages += await call()
             latencies.append((time.perf_counter() - started) * 1000)
 
     started = time.perf_counter()
     await asyncio.gather(*(worker(i) for i in range(concurrency)))
-    return latencies, total / (time.perf_counter() - started)
+    return latencies, total / (time.perf_counter() - started), messages
 
 
-async def measure(tls: Path, ports: dict[str, int], requests: int, stream_requests: int, connections: int) -> list[dict]:
+async def measure(tls: Path, ports: dict[str, int], requests: int, stream_requests: int, connections: int,
+                  meter: CpuMeter) -> list[dict]:
     def channel(port: int, identity: str):
         return open_channel(ChannelSpec(target=f"127.0.0.1:{port}", tls=ClientTls.for_identity(tls, identity)))
 
@@ -137,11 +163,17 @@ async def measure(tls: Path, ports: dict[str, int], requests: int, stream_reques
     search = retrieval_pb2.SearchRequest(collection=physical, vector=vector, top_k=1)
     retrieve = gateway_pb2.RetrieveRequest(request=retrieval_pb2.SearchRequest(collection=COLLECTION, vector=vector, top_k=1))
     generate = inference_pb2.GenerateRequest(prompt="Benchmark the hop.", sampling=inference_pb2.SamplingParams(
-        max_tokens=32, temperature=0, ignore_eos=True))
+        max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True))
 
-    async def drain(call):
+    async def drain(call) -> int:
+        count = 0
         async for _ in call:
-            pass
+            count += 1
+        return count
+
+    async def one(call) -> int:
+        await call
+        return 1
 
     channels = []
 
@@ -149,19 +181,19 @@ async def measure(tls: Path, ports: dict[str, int], requests: int, stream_reques
         r, i = channel(ports["retrieval"], "operator/admin"), channel(ports["inference"], "operator/admin")
         channels.extend((r, i))
         rs, is_ = retrieval_pb2_grpc.RetrievalStub(r), inference_pb2_grpc.InferenceStub(i)
-        return (lambda: rs.Search(search, timeout=30), lambda: drain(is_.Generate(generate, timeout=60)))
+        return (lambda: one(rs.Search(search, timeout=30)), lambda: drain(is_.Generate(generate, timeout=60)))
 
     def envoy():
         ch = channel(ports["envoy"], "operator/admin")
         channels.append(ch)
         rs, is_ = retrieval_pb2_grpc.RetrievalStub(ch), inference_pb2_grpc.InferenceStub(ch)
-        return (lambda: rs.Search(search, timeout=30), lambda: drain(is_.Generate(generate, timeout=60)))
+        return (lambda: one(rs.Search(search, timeout=30)), lambda: drain(is_.Generate(generate, timeout=60)))
 
     def ours():
         ch = channel(ports["gateway"], "tenant/dev")
         channels.append(ch)
         stub = gateway_pb2_grpc.AgentGatewayStub(ch)
-        return (lambda: stub.Retrieve(retrieve, timeout=30),
+        return (lambda: one(stub.Retrieve(retrieve, timeout=30)),
                 lambda: drain(stub.Generate(gateway_pb2.GenerateRequest(request=generate), timeout=60)))
 
     # ``connections`` client connections per path, so several server workers (ours or Envoy's) take load.
@@ -174,9 +206,12 @@ async def measure(tls: Path, ports: dict[str, int], requests: int, stream_reques
             await run_level([c[index] for c in calls], 4 * connections, 20 * connections)
         for concurrency in CONCURRENCY:
             for name, calls in paths.items():  # paths back to back at each level: the same noise for all
-                latencies, throughput = await run_level([c[index] for c in calls], concurrency, total)
+                before = meter.sample()
+                latencies, throughput, messages = await run_level([c[index] for c in calls], concurrency, total)
                 rows.append({"kind": kind, "concurrency": concurrency, "path": name, **summary(latencies),
-                             "throughput": throughput})
+                             "throughput": throughput, "calls": total, "messages": messages,
+                             "tokens": total * MAX_TOKENS if kind == "stream" else 0,
+                             "cpu_s": CpuMeter.spent(before, meter.sample())})
     for ch in channels:
         await ch.close()
     return rows
@@ -201,40 +236,79 @@ async def seed(gateway_port: int, tls: Path) -> None:
         await asyncio.sleep(0.5)
 
 
+def _workers(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
+def _per_unit(row: dict, group: str) -> float:
+    """CPU microseconds of ``group`` per token forwarded (streams) or per call (unary)."""
+    units = row["tokens"] or row["calls"]
+    return row["cpu_s"][group] * 1e6 / units
+
+
+def _table(rows: list[dict]) -> list[dict]:
+    direct = {(r["workers"], r["kind"], r["concurrency"]): r for r in rows if r["path"] == "direct"}
+    table = []
+    for r in rows:
+        base = direct[(r["workers"], r["kind"], r["concurrency"])]
+        proxy = {"gateway": "gateway", "envoy": "envoy"}.get(r["path"])
+        table.append({
+            "workers": r["workers"], "kind": r["kind"], "conc": r["concurrency"], "path": r["path"],
+            "p50 ms": r["p50"], "p99 ms": r["p99"], "req/s": r["throughput"],
+            "added p50 ms": r["p50"] - base["p50"], "vs direct req/s": f"{r['throughput'] / base['throughput']:.0%}",
+            "msgs/call": r["messages"] / r["calls"],
+            "proxy cpu us/unit": _per_unit(r, proxy) if proxy else None,
+            "inference cpu us/unit": _per_unit(r, "inference"), "engine cpu us/unit": _per_unit(r, "engine"),
+        })
+    return table
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=300, help="unary calls per path and level")
     parser.add_argument("--stream-requests", type=int, default=100, help="Generate calls per path and level")
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="gateway worker processes")
+    parser.add_argument("--workers", type=_workers, default=[os.cpu_count() or 1],
+                        help="gateway worker processes; a comma-separated list runs each in turn (1,2,4,8)")
     parser.add_argument("--connections", type=int, default=2, help="client connections per path")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
     root = scratch_dir("overhead")
     tls = dev_pki(root)
+    rows = []
     with backend_processes(root, tls) as (ports, started):
-        gateway_port = free_port()  # fixed: the workers share it
-        gateway = gateway_process(root, tls, "gateway", ports, AGW_GATEWAY_WORKERS=str(args.workers),
-                                  AGW_GATEWAY_PORT=str(gateway_port), AGW_GATEWAY_MAX_IN_FLIGHT="1024")
-        started.append(gateway)
-        gateway.wait_serving()
-        envoy, envoy_port = start_envoy(root, tls, ports["retrieval"], ports["inference"])
-        ports["gateway"], ports["envoy"] = gateway_port, envoy_port
-        asyncio.run(seed(gateway_port, tls))
-        time.sleep(2)  # let every gateway worker finish warming (seed retries until one answers)
-        rows = asyncio.run(measure(tls, ports, args.requests, args.stream_requests, args.connections))
-        envoy.terminate()
-        envoy.wait()
+        inference_pid = started[0].pid
+        envoy, ports["envoy"] = start_envoy(root, tls, ports["retrieval"], ports["inference"])
+        try:
+            for workers in args.workers:
+                gateway_port = free_port()  # fixed: the workers share it
+                gateway = gateway_process(root, tls, f"gateway-{workers}", ports, AGW_GATEWAY_WORKERS=str(workers),
+                                          AGW_GATEWAY_PORT=str(gateway_port), AGW_GATEWAY_MAX_IN_FLIGHT="1024",
+                                          AGW_GATEWAY_MAX_IN_FLIGHT_PER_TENANT="1024")
+                try:
+                    gateway.wait_serving()
+                    ports["gateway"] = gateway_port
+                    asyncio.run(seed(gateway_port, tls))
+                    time.sleep(2)  # let every gateway worker finish warming (seed retries until one answers)
+                    meter = CpuMeter({
+                        "gateway": lambda: [gateway.pid, *descendants(gateway.pid)],
+                        "envoy": lambda: [envoy.pid],
+                        "inference": lambda: [inference_pid],
+                        "engine": lambda: sorted(descendants(inference_pid)),
+                    })
+                    measured = asyncio.run(measure(tls, ports, args.requests, args.stream_requests, args.connections,
+                                                   meter))
+                    rows += [{"workers": workers, **row} for row in measured]
+                finally:
+                    gateway.stop()
+        finally:
+            envoy.terminate()
+            envoy.wait()
 
-    direct = {(r["kind"], r["concurrency"]): r for r in rows if r["path"] == "direct"}
-    table = []
-    for r in rows:
-        base = direct[(r["kind"], r["concurrency"])]
-        table.append({"kind": r["kind"], "conc": r["concurrency"], "path": r["path"], "p50 ms": r["p50"],
-                      "p99 ms": r["p99"], "req/s": r["throughput"],
-                      "added p50 ms": r["p50"] - base["p50"], "vs direct req/s": f"{r['throughput'] / base['throughput']:.0%}"})
-    print_table(f"one hop, mTLS everywhere; gateway workers={args.workers}, Envoy --concurrency 2", table,
-                ["kind", "conc", "path", "p50 ms", "p99 ms", "req/s", "added p50 ms", "vs direct req/s"])
+    print_table("one hop, mTLS everywhere; Envoy --concurrency 2; CPU per token (stream) or per call (unary), "
+                "from /proc/<pid>/stat", _table(rows),
+                ["workers", "kind", "conc", "path", "p50 ms", "p99 ms", "req/s", "added p50 ms", "vs direct req/s",
+                 "msgs/call", "proxy cpu us/unit", "inference cpu us/unit", "engine cpu us/unit"])
     print(f"command: {command_line()}")
     write_json(args.json, {"rows": rows, "workers": args.workers})
     return 0

@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 INFERENCE_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["Inference"]
 RETRIEVAL_SERVICE = retrieval_pb2.DESCRIPTOR.services_by_name["Retrieval"]
+_SEARCH = RETRIEVAL_SERVICE.methods_by_name["Search"]
 
 
 class Deadlines:
@@ -77,6 +78,15 @@ class Backends:
     async def search(self, request: retrieval_pb2.SearchRequest, context) -> retrieval_pb2.SearchResponse:
         return await self._unary(self.retrieval, retrieval_pb2_grpc.RetrievalStub, "Search", request, context)
 
+    async def search_bytes(self, request: retrieval_pb2.SearchRequest, context) -> bytes:
+        """A search whose response stays the retrieval service's serialised SearchResponse (passed through)."""
+        timeout = self.deadlines.for_call(context)
+        with self.retrieval.use() as pooled:
+            try:
+                return await pooled.raw(_SEARCH)(request, timeout=timeout, metadata=outgoing_metadata())
+            except grpc.aio.AioRpcError as exc:
+                raise from_rpc_error(exc, backend=self.retrieval.name, where=self.retrieval.target) from None
+
     async def get_collection(self, name: str, context) -> retrieval_pb2.GetCollectionResponse:
         return await self._unary(self.retrieval, retrieval_pb2_grpc.RetrievalStub, "GetCollection",
                                  retrieval_pb2.GetCollectionRequest(name=name), context)
@@ -92,12 +102,13 @@ class Backends:
         return await self._unary(self.inference, inference_pb2_grpc.InferenceStub, "GetLoad",
                                  inference_pb2.GetLoadRequest(), context)
 
-    def _start(self, method: str, *request, context) -> StartedStream:
+    def _start(self, method: str, *request, context, raw: bool = False) -> StartedStream:
         timeout = self.deadlines.for_call(context)
         slot = ExitStack()
         pooled = slot.enter_context(self.inference.use())
-        call = getattr(pooled.stub(inference_pb2_grpc.InferenceStub), method)(
-            *request, timeout=timeout, metadata=outgoing_metadata())
+        start = (pooled.raw(INFERENCE_SERVICE.methods_by_name[method]) if raw
+                 else getattr(pooled.stub(inference_pb2_grpc.InferenceStub), method))
+        call = start(*request, timeout=timeout, metadata=outgoing_metadata())
         return StartedStream(call, slot, self.inference.name, self.inference.target)
 
     def start_generate(self, request: inference_pb2.GenerateRequest, context) -> StartedStream:
@@ -109,6 +120,10 @@ class Backends:
         """
         return self._start("Generate", request, context=context)
 
+    def start_generate_bytes(self, request: inference_pb2.GenerateRequest, context) -> StartedStream:
+        """:meth:`start_generate` whose messages stay the inference service's bytes (passed through unparsed)."""
+        return self._start("Generate", request, context=context, raw=True)
+
     def open_generate(self, context) -> StartedStream:
         """Open an inference call whose prompt follows (:meth:`StartedStream.send_prefix`, then :meth:`StartedStream.send`).
 
@@ -116,12 +131,6 @@ class Backends:
         happens while the caller still builds its prompt, not after.
         """
         return self._start("OpenGenerate", context=context)
-
-    async def generate(self, request: inference_pb2.GenerateRequest, context) -> AsyncIterator[inference_pb2.GenerateResponse]:
-        """Stream a generation. Closing the iterator (or a cancelled caller) cancels the backend call at once."""
-        async with self.start_generate(request, context) as stream:
-            async for message in stream:
-                yield message
 
 
 class StartedStream:

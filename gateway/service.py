@@ -19,10 +19,12 @@ from opentelemetry import trace
 
 from agent.gateway.v1 import gateway_pb2 as pb
 from agent.gateway.v1 import gateway_pb2_grpc
+from agent.inference.v1 import inference_pb2
 from agent.retrieval.v1 import retrieval_pb2
 from servicekit.errors import InvalidArgument, NotFound, ServiceError
 from servicekit.json_schema import SchemaVerdicts, check_schema
 from servicekit.metrics import gauge, meter
+from servicekit.passthrough import add_service, wrap
 from servicekit.server import Health
 
 from gateway.admission import Admission
@@ -33,12 +35,28 @@ from gateway.convert import message_to_proto, session_to_proto, turn_event_to_pr
 from gateway.database import embedded_postgres_url, open_database
 from gateway.sessions import Sessions
 from gateway.settings import GatewaySettings
+from gateway.turn_types import Delta
+from gateway.stream_writer import CoalescingWriter
 from gateway.tenancy import DEV_IDENTITY, cache_salt_for, current_tenant, physical_collection
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("agent-gateway.gateway")
 
 GATEWAY_SERVICE = pb.DESCRIPTOR.services_by_name["AgentGateway"]
+#: Methods answered with the backend's bytes behind their response's one field, ``response = 1``.
+PASSTHROUGH_METHODS = ("Generate", "Retrieve")
+_RESPONSE_FIELD = pb.GenerateResponse.DESCRIPTOR.fields_by_name["response"].number
+assert _RESPONSE_FIELD == pb.RetrieveResponse.DESCRIPTOR.fields_by_name["response"].number
+
+
+def _note_generation(messages: int, last: bytes) -> None:
+    """Per stream, not per message: the count forwarded and the token counts of the final message."""
+    span = trace.get_current_span()
+    span.set_attribute("agw.generate.messages", messages)
+    if last:
+        usage = inference_pb2.GenerateResponse.FromString(last).result.usage
+        span.set_attribute("agw.generate.completion_tokens", usage.completion_tokens)
+        span.set_attribute("agw.generate.cached_prompt_tokens", usage.cached_prompt_tokens)
 
 
 class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
@@ -65,16 +83,28 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
             slot.enter_context(self.admission.admit(tenant))
 
     async def Generate(self, request, context):
+        """A passthrough: the inference service's messages go out as the bytes it sent (servicekit.passthrough).
+
+        Written with ``context.write``, not yielded: no generator hop per
+        message here or at the edge. Only the last message is parsed, after
+        the stream, for the span's token counts.
+        """
         tenant = self._tenant(context)
         self.bounds.generate(request)
         # The request is ours to change: no copy of the prompt.
         request.request.cache_salt = cache_salt_for(self.settings.prefix_cache, tenant, request.request.cache_salt)
+        messages, last = 0, b""
         with ExitStack() as slot:
             self._admit(slot, tenant)
-            async for message in self.backends.generate(request.request, context):
-                yield pb.GenerateResponse(response=message)
+            async with self.backends.start_generate_bytes(request.request, context) as stream:
+                async for payload in stream:
+                    await context.write(wrap(_RESPONSE_FIELD, payload))
+                    messages += 1
+                    last = payload
+        _note_generation(messages, last)
 
     async def Retrieve(self, request, context):
+        """A passthrough: the retrieval service's SearchResponse goes out as the bytes it sent."""
         tenant = self._tenant(context)
         self.bounds.retrieve(request)
         search = retrieval_pb2.SearchRequest()
@@ -85,12 +115,12 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
         with ExitStack() as slot:
             self._admit(slot, tenant)
             try:
-                response = await self.backends.search(search, context)
+                response = await self.backends.search_bytes(search, context)
             except ServiceError as exc:
                 if exc.code == grpc.StatusCode.NOT_FOUND:
                     raise NotFound(f"collection {request.request.collection!r} does not exist") from None
                 raise
-        return pb.RetrieveResponse(response=response)
+        return wrap(_RESPONSE_FIELD, response)
 
     def _clamp_search(self, search: retrieval_pb2.SearchRequest) -> None:
         """A tenant's search stays on the index: exhaustive search is an operator's tool, and ef is capped."""
@@ -164,6 +194,7 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
         )
 
     async def Chat(self, request, context):
+        """A turn's events, written by a :class:`CoalescingWriter` (deltas merge only behind a slow client)."""
         clock = Clock(time.perf_counter())
         tenant = self._tenant(context)
         self.bounds.chat(request)
@@ -172,8 +203,13 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
         with ExitStack() as slot:
             self._admit(slot, tenant)  # held for the whole turn
             admitted_at = time.perf_counter()
-            async for event in self.turns.run(tenant, turn, context, admitted_at, clock):
-                yield turn_event_to_proto(event)
+            async with CoalescingWriter(context, self.settings.stream_pending_bytes) as out:
+                async for event in self.turns.run(tenant, turn, context, admitted_at, clock):
+                    if isinstance(event, Delta):
+                        await out.delta(event.text)
+                    else:
+                        await out.message(turn_event_to_proto(event))
+        trace.get_current_span().set_attributes({"agw.chat.deltas": out.deltas, "agw.chat.messages": out.written})
 
     async def _check_schemas(self, request: pb.ChatRequest) -> None:
         """Tool and response-format schemas against the meta-schema: once per text, on a thread (CPU work)."""
@@ -246,7 +282,7 @@ class GatewayApp:
         self.servicer = GatewayServicer(settings, self.admission)
 
     def register(self, server) -> None:
-        gateway_pb2_grpc.add_AgentGatewayServicer_to_server(self.servicer, server)
+        add_service(server, GATEWAY_SERVICE, self.servicer, raw_responses=PASSTHROUGH_METHODS)
 
     @asynccontextmanager
     async def lifespan(self, health: Health):

@@ -120,6 +120,10 @@ class GatewaySettings(ServiceSettings):
     max_receive_bytes: int = Field(
         4 * 1024 * 1024, ge=64 * 1024, description="Largest message the public port accepts; larger ones are "
         "refused before they are decoded (internal hops keep AGW_MAX_MESSAGE_BYTES).")
+    stream_pending_bytes: int = Field(
+        64 * 1024, ge=1024, le=16 * 1024 * 1024, description="Chat text waiting behind a write to a slow client is "
+        "merged into one delta up to this many bytes; at the cap the gateway stops reading from the inference "
+        "service until the client reads, so flow control reaches the engine.")
     history_messages: int = Field(50, gt=0, description="Most past messages a turn loads.")
     history_token_budget: int = Field(2048, gt=0, description="History beyond this many tokens is trimmed, oldest first.")
     history_window_step: int = Field(

@@ -31,6 +31,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from servicekit.channels import ChannelNotReady, ChannelSpec, open_channel, wait_ready
 from servicekit.errors import Unavailable
+from servicekit.passthrough import raw_multicallable
 from servicekit.tasks import cancel_and_wait
 from servicekit.tls import ClientTls
 
@@ -58,6 +59,13 @@ class PooledChannel:
         if stub is None:
             stub = self._stubs[stub_class] = stub_class(self.channel)
         return stub
+
+    def raw(self, method):
+        """A callable for ``method`` (a MethodDescriptor) on this channel whose responses stay bytes; built once."""
+        call = self._stubs.get(method)
+        if call is None:
+            call = self._stubs[method] = raw_multicallable(self.channel, method)
+        return call
 
     @property
     def state(self) -> grpc.ChannelConnectivity:

@@ -10,6 +10,7 @@ services export the first, ``agentgw doctor`` checks the second.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -85,3 +86,21 @@ def descendants(pid: int) -> set[int]:
     for child in children(pid):
         found |= {child, *descendants(child)}
     return found
+
+
+def cpu_seconds(pid: int | str = "self", proc: Path = Path("/proc")) -> float | None:
+    """User plus system CPU seconds process ``pid`` has used (``/proc/<pid>/stat`` utime + stime); None if gone."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # the command name, in parentheses, may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_bytes(pid: int | str = "self", proc: Path = Path("/proc")) -> int | None:
+    """Resident memory of process ``pid`` (``/proc/<pid>/statm``), in bytes; None if gone."""
+    try:
+        return int((proc / str(pid) / "statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, IndexError, ValueError):
+        return None

@@ -15,7 +15,9 @@ from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from agent.retrieval.v1 import retrieval_pb2
 from retrieval.ingest import sample_corpus
 from servicekit import wait_ready
+from gateway.tenancy import physical_collection
 from servicekit.errors import retry_delay_s
+from servicekit.passthrough import raw_multicallable, unwrap
 from tests.support.gateway_stack import PeerRecorder, established_peers, gateway_server, gateway_stub
 from tests.support.grpc_client import mtls_channel
 from tests.support.retrieval_service import passage_documents, retrieval_server
@@ -289,3 +291,47 @@ async def test_malformed_session_id_is_invalid_argument(stub):
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert caught.value.details().startswith("session_id: '42; --' is not a session id")
 
+
+
+async def _raw_stream(channel, method, request) -> list[bytes]:
+    """A call's messages as they came off the wire, unparsed."""
+    call = raw_multicallable(channel, method)(request, timeout=60)
+    if not method.server_streaming:
+        return [await call]
+    return [message async for message in call]
+
+
+async def test_passthrough_forwards_the_backends_bytes_unchanged(gateway, retrieval, inference_service, pki, docs):
+    """Generate and Retrieve, direct and through the gateway: the backend's serialised messages, byte for byte,
+    behind the wrapper's one field header. Only what the engine measures per run (its timings and request id)
+    can differ, and only in the final message."""
+    generate = inference_pb2.GenerateRequest(
+        prompt=f"Bytes for bytes {uuid.uuid4().hex}.",
+        sampling=inference_pb2.SamplingParams(max_tokens=24, temperature=0, seed=7, ignore_eos=True))
+    gateway_service = pb.DESCRIPTOR.services_by_name["AgentGateway"]
+    inference_method = inference_pb2.DESCRIPTOR.services_by_name["Inference"].methods_by_name["Generate"]
+    async with mtls_channel(inference_service.port, pki.root) as direct, \
+            mtls_channel(gateway[0].port, pki.root, identity="tenant/dev") as through:
+        straight = await _raw_stream(direct, inference_method, generate)
+        wrapped = await _raw_stream(through, gateway_service.methods_by_name["Generate"],
+                                    pb.GenerateRequest(request=generate))
+        forwarded = [unwrap(1, message) for message in wrapped]
+        assert len(forwarded) == len(straight) > 2
+        assert forwarded[:-1] == straight[:-1]  # every delta, byte for byte
+        last_direct, last_forwarded = (inference_pb2.GenerateResponse.FromString(m) for m in (straight[-1], forwarded[-1]))
+        for last in (last_direct, last_forwarded):
+            last.result.ClearField("timings")
+            last.result.ClearField("request_id")
+        assert last_forwarded == last_direct
+
+        search = retrieval_pb2.SearchRequest(collection="docs", text="the for statement", top_k=3, payload_fields=["topic"])
+        scoped = retrieval_pb2.SearchRequest()
+        scoped.CopyFrom(search)
+        scoped.collection = physical_collection("dev", "docs")
+        async with mtls_channel(retrieval[0], pki.root) as direct_retrieval:
+            [straight_search] = await _raw_stream(
+                direct_retrieval, retrieval_pb2.DESCRIPTOR.services_by_name["Retrieval"].methods_by_name["Search"], scoped)
+        [wrapped_search] = await _raw_stream(through, gateway_service.methods_by_name["Retrieve"],
+                                             pb.RetrieveRequest(request=search))
+        assert unwrap(1, wrapped_search) == straight_search
+        assert retrieval_pb2.SearchResponse.FromString(straight_search).results

@@ -76,6 +76,8 @@ class ScriptedInference(inference_pb2_grpc.InferenceServicer):
         self.prefixes: list[inference_pb2.ChatMessages | None] = []
         #: Calls by method name, counted as they arrive.
         self.calls: dict[str, int] = {}
+        #: Messages each script's stream has handed to gRPC so far (how far a stream got).
+        self.sent: dict[str, int] = {}
 
     async def OpenGenerate(self, request_iterator, context):
         if not self.open_generate:
@@ -108,6 +110,7 @@ class ScriptedInference(inference_pb2_grpc.InferenceServicer):
                 if index:
                     await asyncio.sleep(delay)
                 yield inference_pb2.GenerateResponse(text=f"t{index} " + "x" * pad, token_ids=[index])
+                self.sent[script] = index + 1
             yield inference_pb2.GenerateResponse(result=_result(script, self.generations))
         finally:
             self.closed.append(request.prompt)

@@ -1,0 +1,87 @@
+"""Chat's adaptive coalescing, through the real gateway on loopback mTLS, with the scripted inference service.
+
+A client that keeps up gets one message per backend message; a slow one gets
+fewer, larger ones with the same text; one that stops reading stops the
+backend stream (flow control reaches it) instead of growing the gateway's
+memory. The writer's rules alone are in tests/unit/test_stream_writer.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from agent.gateway.v1 import gateway_pb2 as pb
+from agent.gateway.v1 import gateway_pb2_grpc
+from agentgw.supervisor import ServiceProcess
+from servicekit import ClientTls
+from servicekit.procfs import rss_bytes
+from tests.support.retrieval_service import retrieval_server
+from tests.support.servers import scripted_app
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+async def stack(tmp_path_factory, pki, database_url):
+    """The gateway as a process of its own (its memory is measured), on in-process backends."""
+    async with retrieval_server(tmp_path_factory.mktemp("coalescing-retrieval"), pki.root) as (retrieval, _), \
+            scripted_app(pki.root) as (inference, scripted):
+        gateway = ServiceProcess("gateway.main", tmp_path_factory.mktemp("coalescing-gateway"), pki.root,
+                                 "AGW_GATEWAY_", env={
+                                     "AGW_GATEWAY_WORKERS": "1", "AGW_DATABASE_URL": database_url,
+                                     "AGW_GATEWAY_INFERENCE_TARGET": f"127.0.0.1:{inference.port}",
+                                     "AGW_GATEWAY_RETRIEVAL_TARGET": f"127.0.0.1:{retrieval.port}"})
+        try:
+            port = await asyncio.to_thread(gateway.wait_serving, 60)  # the loop keeps serving the backends
+            # No BDP probing: the client's flow-control window stays at 64 KiB, as a slow reader's would,
+            # instead of growing to hold the whole stream.
+            credentials = ClientTls.for_identity(pki.root, "tenant/dev").credentials()
+            async with grpc.aio.secure_channel(f"127.0.0.1:{port}", credentials,
+                                               options=[("grpc.http2.bdp_probe", 0)]) as channel:
+                yield gateway_pb2_grpc.AgentGatewayStub(channel), scripted.servicer, gateway.pid
+        finally:
+            await asyncio.to_thread(gateway.stop)
+
+
+def _expected(tokens: int, pad: int) -> str:
+    return "".join(f"t{i} " + "x" * pad for i in range(tokens))
+
+
+async def test_a_client_that_keeps_up_gets_every_delta_as_sent(stack):
+    stub, _, _ = stack
+    events = [e async for e in stub.Chat(pb.ChatRequest(message="tokens=20 delay=0.03"), timeout=20)]
+    deltas = [e.delta.text for e in events if e.WhichOneof("event") == "delta"]
+    assert deltas == [f"t{i} " for i in range(20)]  # nothing merged, nothing held
+    assert events[-1].WhichOneof("event") == "final"
+
+
+async def test_a_slow_client_gets_fewer_larger_deltas_with_the_same_text(stack):
+    stub, _, _ = stack
+    tokens, pad = 300, 16384  # 4.9 MB: past every flow-control window, so the gateway's writes wait
+    kinds, deltas = [], []
+    async for event in stub.Chat(pb.ChatRequest(message=f"tokens={tokens} delay=0 pad={pad}"), timeout=60):
+        kinds.append(event.WhichOneof("event"))
+        if kinds[-1] == "delta":
+            deltas.append(event.delta.text)
+        await asyncio.sleep(0.01)  # a slow reader
+    assert "".join(deltas) == _expected(tokens, pad)
+    assert len(deltas) < tokens / 2, f"{len(deltas)} messages for {tokens} deltas: nothing was merged"
+    assert kinds[-1] == "final" and "final" not in kinds[:-1]
+
+
+async def test_a_client_that_stops_reading_stops_the_backend_not_the_gateways_memory(stack):
+    stub, scripted, gateway_pid = stack
+    script = "tokens=5000 delay=0 pad=16384"  # 80 MB if nothing pushed back
+    before = rss_bytes(gateway_pid)
+    call = stub.Chat(pb.ChatRequest(message=script), timeout=60)
+    assert (await call.read()).WhichOneof("event") == "delta"
+    await asyncio.sleep(2)  # windows and the pending delta fill
+    sent_at_2s, rss_at_2s = scripted.sent[script], rss_bytes(gateway_pid)
+    await asyncio.sleep(8)  # ten seconds without reading
+    sent_at_10s, grown = scripted.sent[script], rss_bytes(gateway_pid) - before
+    call.cancel()
+    assert sent_at_10s == sent_at_2s < 5000, "the backend kept producing for a client that stopped reading"
+    assert grown < 10 * 2**20, f"RSS grew {grown / 2**20:.1f} MiB (at 2 s: {(rss_at_2s - before) / 2**20:.1f})"

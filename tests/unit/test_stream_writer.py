@@ -1,0 +1,107 @@
+"""The coalescing writer's rules, against a context whose writes the test holds and releases.
+
+Through the real gateway and gRPC: tests/integration/test_stream_coalescing.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agent.gateway.v1 import gateway_pb2 as pb
+from gateway.stream_writer import CoalescingWriter
+
+pytestmark = pytest.mark.unit
+
+FINAL = pb.ChatResponse(final=pb.TurnSummary(trace_id="t"))
+CONTEXT = pb.ChatResponse(context=pb.ContextEvent())
+
+
+class HeldContext:
+    """``write`` waits until the test opens the gate (a client that is not reading)."""
+
+    def __init__(self) -> None:
+        self.written: list[pb.ChatResponse] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def write(self, message) -> None:
+        await self.gate.wait()
+        self.written.append(message)
+
+
+def _kinds(messages) -> list[str]:
+    return [m.WhichOneof("event") for m in messages]
+
+
+async def _settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_an_idle_writer_sends_each_delta_at_once():
+    context = HeldContext()
+    async with CoalescingWriter(context) as out:
+        for text in ("a", "b", "c"):
+            await out.delta(text)
+            await _settle()  # the client keeps up: each write is done before the next delta
+            assert context.written[-1].delta.text == text
+        await out.message(FINAL)
+    assert [m.delta.text for m in context.written[:3]] == ["a", "b", "c"] and out.written == out.deltas + 1
+
+
+async def test_deltas_behind_a_pending_write_merge_in_order_and_other_events_keep_their_place():
+    context = HeldContext()
+    async with CoalescingWriter(context) as out:
+        context.gate.clear()
+        await out.message(CONTEXT)
+        await _settle()  # the context event's write is in flight and held
+        for text in ("x", "y", "z"):
+            await out.delta(text)
+        await out.message(pb.ChatResponse(tool_call=pb.ToolCallEvent()))
+        await out.delta("after")
+        await out.message(FINAL)
+        context.gate.set()
+    assert _kinds(context.written) == ["context", "delta", "tool_call", "delta", "final"]
+    assert [m.delta.text for m in context.written if m.HasField("delta")] == ["xyz", "after"]
+    assert out.deltas == 4 and out.written == 5
+
+
+async def test_at_the_cap_the_producer_waits_for_the_client():
+    context = HeldContext()
+    async with CoalescingWriter(context, max_pending_bytes=1024) as out:
+        context.gate.clear()
+        await out.delta("first")
+        await _settle()  # "first" is being written, held
+        await out.delta("x" * 600)
+        blocked = asyncio.ensure_future(out.delta("y" * 600))  # 1200 bytes pending: over the cap
+        await _settle()
+        assert not blocked.done(), "the producer ran on past the cap"
+        context.gate.set()
+        await asyncio.wait_for(blocked, 1)
+        await out.message(FINAL)
+    assert "".join(m.delta.text for m in context.written if m.HasField("delta")) == "first" + "x" * 600 + "y" * 600
+
+
+async def test_a_failed_write_reaches_the_producer():
+    class Broken:
+        async def write(self, message):
+            raise ConnectionResetError("client gone")
+
+    with pytest.raises(ConnectionResetError):
+        async with CoalescingWriter(Broken()) as out:
+            await out.delta("a")
+            await _settle()
+            await out.message(FINAL)
+
+
+async def test_a_failed_producer_cancels_the_writer():
+    context = HeldContext()
+    context.gate.clear()
+    with pytest.raises(RuntimeError):
+        async with CoalescingWriter(context) as out:
+            await out.delta("a")
+            await _settle()
+            raise RuntimeError("turn failed")
+    assert out._task.cancelled()
