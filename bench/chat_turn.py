@@ -10,7 +10,11 @@ cache salt) so that neither path reuses the other's prompt: each finds cached
 only what its own earlier turns left, as a real client would. Reports time to
 first token and total, p50/p95/p99, at concurrency 1 and 8, and the gateway's
 share of the first token: gateway TTFT - (max(history, retrieval) + direct
-TTFT), from the p50s (the goal's form) and paired turn by turn.
+TTFT), from the p50s (the goal's form) and paired turn by turn, with its p99;
+and the turns the gateway refused with RESOURCE_EXHAUSTED (admission
+shedding load), which are left out of the latency figures. Levels 1, 8, 32
+and 64 by default; the gateway runs with its default admission bounds
+(AGW_GATEWAY_MAX_IN_FLIGHT 64 per worker, half of it per tenant).
 
 ``--side-by-side`` adds a second gateway with AGW_GATEWAY_OPEN_GENERATE_EARLY
 off (a plain Generate call once the prompt is ready), called as another
@@ -25,6 +29,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+
+import grpc
 import statistics
 import time
 from contextlib import AsyncExitStack
@@ -118,7 +124,7 @@ async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], w
             sessions = {path: [(await stub.CreateSession(pb.CreateSessionRequest(), timeout=5)).session.id
                                for _ in range(concurrency)] for path, stub in stubs.items()}
             rows = {path: [] for path in (*stubs, "direct")}
-            rows |= {f"{kind}{suffix}": [] for kind in ("share", "engine", "outside_engine") for suffix in
+            rows |= {f"{kind}{suffix}": [] for kind in ("share", "engine", "outside_engine", "refused") for suffix in
                      ("", "_off")}
             per_worker = max(1, turns // concurrency)
 
@@ -154,7 +160,14 @@ async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], w
                     calls["direct"] = lambda: direct_turn(inference, prompt)
                     order = list(calls)
                     shift = (turn // len(QUESTIONS)) % len(order)
-                    measured = {path: await calls[path]() for path in order[shift:] + order[:shift]}
+                    measured = {}
+                    for path in order[shift:] + order[:shift]:
+                        try:
+                            measured[path] = await calls[path]()
+                        except grpc.aio.AioRpcError as error:  # admission shed the turn: counted, not timed
+                            if error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or path == "direct":
+                                raise
+                            rows["refused" + ("_off" if path == "gateway_off" else "")].append(1)
                     direct = measured["direct"]
                     for path, suffix in (("gateway", ""), ("gateway_off", "_off")):
                         if path not in measured:
@@ -191,7 +204,7 @@ def _gateway_stats(rows: dict, path: str, suffix: str) -> dict:
             "paired_share_outside_engine": summary(rows["outside_engine" + suffix]),
             "engine_ttft_p50": {"gateway": statistics.median(r["engine_ttft"] for r in g),
                                 "direct": statistics.median(r["engine_ttft"] for r in d)},
-            "edge": summary([r["edge"] for r in g]),
+            "edge": summary([r["edge"] for r in g]), "refused": len(rows["refused" + suffix]),
             "uncached_tokens_p50": {"gateway": statistics.median(r["prompt"] - r["cached"] for r in g),
                                     "direct": statistics.median(r["prompt"] - r["cached"] for r in d)}}
 
@@ -203,6 +216,9 @@ def _report(concurrency: int, label: str, s: dict) -> None:
           f"{paired['p50']:+.2f}, p95 {paired['p95']:+.2f} ms; of which outside the gateway's clock (way in, first "
           f"token out) p50 {s['edge']['p50']:.2f} ms; uncached prompt tokens p50: "
           f"gateway {s['uncached_tokens_p50']['gateway']:.0f}, direct {s['uncached_tokens_p50']['direct']:.0f}")
+    print(f"     paired share p99 {paired['p99']:+.2f} ms; gateway TTFT p99 {s['gateway_ttft']['p99']:.2f} ms vs "
+          f"direct {s['direct_ttft']['p99']:.2f} ms ({s['gateway_ttft']['p99'] / s['direct_ttft']['p99']:.2f}x); "
+          f"refused RESOURCE_EXHAUSTED: {s['refused']}")
     print(f"     split, paired p50: the engine's first token {s['paired_share_engine']['p50']:+.2f} ms "
           f"(engine TTFT p50 gateway {s['engine_ttft_p50']['gateway']:.2f}, "
           f"direct {s['engine_ttft_p50']['direct']:.2f}), "
@@ -212,7 +228,7 @@ def _report(concurrency: int, label: str, s: dict) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=50, help="turns per path and concurrency level")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8], help="concurrency levels")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64], help="concurrency levels")
     parser.add_argument("--window-step", type=int, default=None,
                         help="AGW_GATEWAY_HISTORY_WINDOW_STEP for the gateway (2: the window slides every turn)")
     parser.add_argument("--side-by-side", action="store_true",
@@ -243,7 +259,8 @@ def main() -> int:
         if "off" in stats[concurrency]:
             paths.append(("gateway Chat, early call off", stats[concurrency]["off"]))
         for name, s in paths:
-            table.append({"conc": concurrency, "path": name, "turns": s["gateway_ttft"]["n"],
+            table.append({"conc": concurrency, "path": name, "turns": s["gateway_ttft"]["n"], "refused": s["refused"],
+                          "share p50": s["paired_share"]["p50"], "share p99": s["paired_share"]["p99"],
                           "TTFT p50": s["gateway_ttft"]["p50"], "TTFT p95": s["gateway_ttft"]["p95"],
                           "TTFT p99": s["gateway_ttft"]["p99"], "total p50": s["gateway_total"]["p50"],
                           "total p99": s["gateway_total"]["p99"]})
@@ -253,7 +270,8 @@ def main() -> int:
                       "TTFT p99": direct["direct_ttft"]["p99"], "total p50": direct["direct_total"]["p50"],
                       "total p99": direct["direct_total"]["p99"]})
     print_table("agent turn: first token and total, ms (16 tokens, smoke model)", table,
-                ["conc", "path", "turns", "TTFT p50", "TTFT p95", "TTFT p99", "total p50", "total p99"])
+                ["conc", "path", "turns", "refused", "share p50", "share p99", "TTFT p50", "TTFT p95", "TTFT p99",
+                 "total p50", "total p99"])
     for concurrency, s in stats.items():
         _report(concurrency, "gateway", s)
         if "off" in s:

@@ -145,7 +145,8 @@ async def run_level(calls, concurrency: int, total: int) -> tuple[list[float], f
         call = calls[index % len(calls)]
         for _ in queue:
             started = time.perf_counter()
-            messages += await call()
+            received = await call()  # not `messages += await ...`: that reads the total before awaiting
+            messages += received
             latencies.append((time.perf_counter() - started) * 1000)
 
     started = time.perf_counter()
@@ -270,13 +271,15 @@ def main() -> int:
     parser.add_argument("--workers", type=_workers, default=[os.cpu_count() or 1],
                         help="gateway worker processes; a comma-separated list runs each in turn (1,2,4,8)")
     parser.add_argument("--connections", type=int, default=2, help="client connections per path")
+    parser.add_argument("--stream-interval", type=int, default=None, help="AGW_INFERENCE_STREAM_INTERVAL to run with")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
     root = scratch_dir("overhead")
     tls = dev_pki(root)
     rows = []
-    with backend_processes(root, tls) as (ports, started):
+    backend_env = {} if args.stream_interval is None else {"AGW_INFERENCE_STREAM_INTERVAL": str(args.stream_interval)}
+    with backend_processes(root, tls, **backend_env) as (ports, started):
         inference_pid = started[0].pid
         envoy, ports["envoy"] = start_envoy(root, tls, ports["retrieval"], ports["inference"])
         try:
@@ -310,7 +313,7 @@ def main() -> int:
                 ["workers", "kind", "conc", "path", "p50 ms", "p99 ms", "req/s", "added p50 ms", "vs direct req/s",
                  "msgs/call", "proxy cpu us/unit", "inference cpu us/unit", "engine cpu us/unit"])
     print(f"command: {command_line()}")
-    write_json(args.json, {"rows": rows, "workers": args.workers})
+    write_json(args.json, {"rows": rows, "workers": args.workers, "stream_interval": args.stream_interval or 1})
     return 0
 
 

@@ -36,7 +36,7 @@ from gateway.database import embedded_postgres_url, open_database
 from gateway.sessions import Sessions
 from gateway.settings import GatewaySettings
 from gateway.turn_types import Delta
-from gateway.stream_writer import CoalescingWriter
+from gateway.stream_writer import CoalescingWriter, merge_generate, merge_text
 from gateway.tenancy import DEV_IDENTITY, cache_salt_for, current_tenant, physical_collection
 
 log = logging.getLogger(__name__)
@@ -49,10 +49,10 @@ _RESPONSE_FIELD = pb.GenerateResponse.DESCRIPTOR.fields_by_name["response"].numb
 assert _RESPONSE_FIELD == pb.RetrieveResponse.DESCRIPTOR.fields_by_name["response"].number
 
 
-def _note_generation(messages: int, last: bytes) -> None:
-    """Per stream, not per message: the count forwarded and the token counts of the final message."""
+def _note_stream(out: CoalescingWriter, last: bytes) -> None:
+    """Per stream, not per message: messages in and out, and the token counts of the final message."""
     span = trace.get_current_span()
-    span.set_attribute("agw.generate.messages", messages)
+    span.set_attributes({"agw.stream.messages_in": out.deltas, "agw.stream.messages_out": out.written})
     if last:
         usage = inference_pb2.GenerateResponse.FromString(last).result.usage
         span.set_attribute("agw.generate.completion_tokens", usage.completion_tokens)
@@ -85,23 +85,24 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
     async def Generate(self, request, context):
         """A passthrough: the inference service's messages go out as the bytes it sent (servicekit.passthrough).
 
-        Written with ``context.write``, not yielded: no generator hop per
-        message here or at the edge. Only the last message is parsed, after
-        the stream, for the span's token counts.
+        Written with ``context.write`` by a :class:`CoalescingWriter`, not
+        yielded: no generator hop per message here or at the edge. Messages
+        are parsed only to merge them behind a slow client; otherwise only
+        the last one is, after the stream, for the span's token counts.
         """
         tenant = self._tenant(context)
         self.bounds.generate(request)
         # The request is ours to change: no copy of the prompt.
         request.request.cache_salt = cache_salt_for(self.settings.prefix_cache, tenant, request.request.cache_salt)
-        messages, last = 0, b""
+        last = b""
         with ExitStack() as slot:
             self._admit(slot, tenant)
-            async with self.backends.start_generate_bytes(request.request, context) as stream:
+            async with self.backends.start_generate_bytes(request.request, context) as stream, \
+                    CoalescingWriter(context, merge_generate, self.settings.stream_pending_bytes) as out:
                 async for payload in stream:
-                    await context.write(wrap(_RESPONSE_FIELD, payload))
-                    messages += 1
+                    await out.delta(payload, len(payload))
                     last = payload
-        _note_generation(messages, last)
+        _note_stream(out, last)
 
     async def Retrieve(self, request, context):
         """A passthrough: the retrieval service's SearchResponse goes out as the bytes it sent."""
@@ -203,13 +204,14 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
         with ExitStack() as slot:
             self._admit(slot, tenant)  # held for the whole turn
             admitted_at = time.perf_counter()
-            async with CoalescingWriter(context, self.settings.stream_pending_bytes) as out:
+            async with CoalescingWriter(context, merge_text, self.settings.stream_pending_bytes) as out:
                 async for event in self.turns.run(tenant, turn, context, admitted_at, clock):
                     if isinstance(event, Delta):
-                        await out.delta(event.text)
+                        await out.delta(event.text, len(event.text.encode()))
                     else:
                         await out.message(turn_event_to_proto(event))
-        trace.get_current_span().set_attributes({"agw.chat.deltas": out.deltas, "agw.chat.messages": out.written})
+        trace.get_current_span().set_attributes({"agw.stream.messages_in": out.deltas,
+                                                 "agw.stream.messages_out": out.written})
 
     async def _check_schemas(self, request: pb.ChatRequest) -> None:
         """Tool and response-format schemas against the meta-schema: once per text, on a thread (CPU work)."""

@@ -1,15 +1,16 @@
-"""Chat's response stream, written with adaptive coalescing.
+"""Server streams written with adaptive coalescing (Chat's deltas, Generate's forwarded messages).
 
 A writer task sends the stream's messages with ``context.write``, one at a
-time, in order. While a write is in flight (a slow client, a busy connection),
-the text deltas that arrive meanwhile merge into one pending delta instead of
-queueing one message each. When the client keeps up, the writer is idle when
-a delta arrives and writes it at once: the first token is never held, and the
-message count equals the backend's. Only deltas merge: the context event, the
-tool calls and the final summary keep their own messages and their order, so
-the summary is always last.
+time, in order. While a write is in flight (a slow client, a busy process),
+the deltas that arrive meanwhile gather into one batch, which a ``merge``
+function turns into as few messages as their meaning allows, instead of one
+message each. When the client keeps up, the writer is idle when a delta
+arrives and writes it at once: the first token is never held, and the message
+count equals the backend's. Messages queued with :meth:`CoalescingWriter.message`
+(the context event, tool calls, the final summary) are never merged and keep
+their place, so the summary is always last.
 
-The pending text is capped (``max_pending_bytes``). At the cap the producer
+What is pending is capped (``max_pending_bytes``). At the cap the producer
 waits for the writer before it reads another message from the backend, so a
 client that stops reading stops the backend stream through HTTP/2 flow control
 instead of growing this process's memory.
@@ -19,26 +20,56 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable, Sequence
 
 from agent.gateway.v1 import gateway_pb2 as pb
+from agent.inference.v1 import inference_pb2
+from servicekit.passthrough import wrap
 from servicekit.tasks import cancel_and_wait
 
 
-class _PendingDelta:
-    """Text deltas merged in arrival order."""
+class _Batch:
+    """Deltas gathered behind a write in flight, in arrival order."""
 
     __slots__ = ("parts", "size")
 
     def __init__(self) -> None:
-        self.parts: list[str] = []
+        self.parts: list = []
         self.size = 0
 
-    def add(self, text: str, size: int) -> None:
-        self.parts.append(text)
-        self.size += size
 
-    def message(self) -> pb.ChatResponse:
-        return pb.ChatResponse(delta=pb.TokenDelta(text="".join(self.parts)))
+def merge_text(parts: Sequence[str]) -> list[pb.ChatResponse]:
+    """Chat: text deltas concatenate into one."""
+    return [pb.ChatResponse(delta=pb.TokenDelta(text="".join(parts)))]
+
+
+def merge_generate(parts: Sequence[bytes], field_number: int = 1) -> list[bytes]:
+    """Generate: the inference service's serialised messages, each behind the wrapper's field header.
+
+    One message goes out as it came, unparsed. Several are parsed (only then)
+    and merged: text and token ids concatenate in order; a message with the
+    result (the stream's last) is never merged into a delta and keeps its bytes.
+    """
+    if len(parts) == 1:
+        return [wrap(field_number, parts[0])]
+    out: list[bytes] = []
+    delta: inference_pb2.GenerateResponse | None = None
+    for payload in parts:
+        message = inference_pb2.GenerateResponse.FromString(payload)
+        if message.HasField("result"):
+            if delta is not None:
+                out.append(wrap(field_number, delta.SerializeToString()))
+                delta = None
+            out.append(wrap(field_number, payload))
+            continue
+        if delta is None:
+            delta = message
+        else:
+            delta.text += message.text
+            delta.token_ids.extend(message.token_ids)
+    if delta is not None:
+        out.append(wrap(field_number, delta.SerializeToString()))
+    return out
 
 
 class CoalescingWriter:
@@ -49,10 +80,11 @@ class CoalescingWriter:
     writer instead.
     """
 
-    def __init__(self, context, max_pending_bytes: int = 64 * 1024) -> None:
+    def __init__(self, context, merge: Callable[[list], list], max_pending_bytes: int = 64 * 1024) -> None:
         self._context = context
+        self._merge = merge
         self._max_pending = max_pending_bytes
-        self._queue: deque[pb.ChatResponse | _PendingDelta] = deque()
+        self._queue: deque = deque()
         self._pending_size = 0
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
@@ -63,7 +95,7 @@ class CoalescingWriter:
         self.deltas = 0
 
     async def __aenter__(self) -> CoalescingWriter:
-        self._task = asyncio.create_task(self._write_all(), name="chat-stream-writer")
+        self._task = asyncio.create_task(self._write_all(), name="stream-writer")
         return self
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
@@ -74,16 +106,16 @@ class CoalescingWriter:
         self._wake.set()
         await self._task  # a failed write raises here
 
-    async def delta(self, text: str) -> None:
-        """Queue a text delta; merged with the one still pending, if any. Waits while the pending text is at the cap."""
+    async def delta(self, part, size: int) -> None:
+        """Queue a delta of ``size`` bytes, batched with those still pending. Waits while pending is at the cap."""
         self._check_writer()
         self.deltas += 1
         tail = self._queue[-1] if self._queue else None
-        if not isinstance(tail, _PendingDelta):
-            tail = _PendingDelta()
+        if not isinstance(tail, _Batch):
+            tail = _Batch()
             self._queue.append(tail)
-        size = len(text.encode())
-        tail.add(text, size)
+        tail.parts.append(part)
+        tail.size += size
         self._pending_size += size
         self._wake.set()
         while self._pending_size >= self._max_pending:
@@ -91,7 +123,7 @@ class CoalescingWriter:
             self._room.clear()
             await self._room.wait()
 
-    async def message(self, message: pb.ChatResponse) -> None:
+    async def message(self, message) -> None:
         """Queue a message that is never merged (context, tool call, final), after everything before it."""
         self._check_writer()
         self._queue.append(message)
@@ -111,9 +143,12 @@ class CoalescingWriter:
                 await self._wake.wait()
                 continue
             item = self._queue.popleft()
-            if isinstance(item, _PendingDelta):
+            if isinstance(item, _Batch):
                 self._pending_size -= item.size
                 self._room.set()
-                item = item.message()
-            await self._context.write(item)
-            self.written += 1
+                messages = self._merge(item.parts)
+            else:
+                messages = (item,)
+            for message in messages:
+                await self._context.write(message)
+                self.written += 1

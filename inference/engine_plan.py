@@ -143,6 +143,8 @@ def plan_engine(settings: InferenceSettings, platform: Platform, model_path: str
 
     if settings.max_num_batched_tokens is not None:
         args["max_num_batched_tokens"] = settings.max_num_batched_tokens
+    if settings.stream_interval > 1:
+        args["stream_interval"] = settings.stream_interval
     if settings.quantization:
         args["quantization"] = settings.quantization
         reasons["quantization"] = "fewer bytes per weight for bandwidth-bound decoding"

@@ -28,6 +28,10 @@ class InferenceSettings(ServiceSettings):
     max_model_len: int | None = Field(None, gt=0, description="Context length; default the model's own.")
     max_num_seqs: int | None = Field(None, gt=0, description="Batch limit; default from memory.")
     max_num_batched_tokens: int | None = Field(None, gt=0, description="Tokens per step; default vLLM's.")
+    stream_interval: int = Field(
+        1, ge=1, le=64, description="The engine sends a stream's tokens every N steps (the first at once, the last "
+        "with the finish); fewer, larger messages on every hop for N-1 steps of added inter-token delay. A stream "
+        "whose reader lags is merged anyway (vLLM's output collector), so 1 costs only when every hop keeps up.")
     kv_cache_gib: float | None = Field(
         None, gt=0, description="CPU: KV-cache space in GiB (vLLM's kv_cache_memory_bytes); default from RAM."
     )

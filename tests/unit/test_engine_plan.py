@@ -47,11 +47,12 @@ def test_gpu_defaults_block_16_and_twelve_seqs_per_gib():
 
 def test_settings_override_every_default():
     settings = InferenceSettings(
-        block_size=64, max_num_seqs=3, max_num_batched_tokens=512, max_model_len=1024,
+        block_size=64, max_num_seqs=3, max_num_batched_tokens=512, max_model_len=1024, stream_interval=4,
         enable_prefix_caching=False, enable_chunked_prefill=False, enforce_eager=False,
     )
     args = plan_engine(settings, CPU, "/m", SMOKE).engine_args
     assert (args["block_size"], args["max_num_seqs"], args["max_num_batched_tokens"], args["max_model_len"]) == (64, 3, 512, 1024)
+    assert args["stream_interval"] == 4
     assert not args["enable_prefix_caching"] and not args["enable_chunked_prefill"] and not args["enforce_eager"]
 
 

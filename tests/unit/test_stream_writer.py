@@ -10,7 +10,9 @@ import asyncio
 import pytest
 
 from agent.gateway.v1 import gateway_pb2 as pb
-from gateway.stream_writer import CoalescingWriter
+from agent.inference.v1 import inference_pb2
+from gateway.stream_writer import CoalescingWriter, merge_generate, merge_text
+from servicekit.passthrough import unwrap
 
 pytestmark = pytest.mark.unit
 
@@ -42,9 +44,9 @@ async def _settle() -> None:
 
 async def test_an_idle_writer_sends_each_delta_at_once():
     context = HeldContext()
-    async with CoalescingWriter(context) as out:
+    async with CoalescingWriter(context, merge_text) as out:
         for text in ("a", "b", "c"):
-            await out.delta(text)
+            await out.delta(text, len(text))
             await _settle()  # the client keeps up: each write is done before the next delta
             assert context.written[-1].delta.text == text
         await out.message(FINAL)
@@ -53,14 +55,14 @@ async def test_an_idle_writer_sends_each_delta_at_once():
 
 async def test_deltas_behind_a_pending_write_merge_in_order_and_other_events_keep_their_place():
     context = HeldContext()
-    async with CoalescingWriter(context) as out:
+    async with CoalescingWriter(context, merge_text) as out:
         context.gate.clear()
         await out.message(CONTEXT)
         await _settle()  # the context event's write is in flight and held
         for text in ("x", "y", "z"):
-            await out.delta(text)
+            await out.delta(text, len(text))
         await out.message(pb.ChatResponse(tool_call=pb.ToolCallEvent()))
-        await out.delta("after")
+        await out.delta("after", len("after"))
         await out.message(FINAL)
         context.gate.set()
     assert _kinds(context.written) == ["context", "delta", "tool_call", "delta", "final"]
@@ -70,12 +72,12 @@ async def test_deltas_behind_a_pending_write_merge_in_order_and_other_events_kee
 
 async def test_at_the_cap_the_producer_waits_for_the_client():
     context = HeldContext()
-    async with CoalescingWriter(context, max_pending_bytes=1024) as out:
+    async with CoalescingWriter(context, merge_text, max_pending_bytes=1024) as out:
         context.gate.clear()
-        await out.delta("first")
+        await out.delta("first", len("first"))
         await _settle()  # "first" is being written, held
-        await out.delta("x" * 600)
-        blocked = asyncio.ensure_future(out.delta("y" * 600))  # 1200 bytes pending: over the cap
+        await out.delta("x" * 600, len("x" * 600))
+        blocked = asyncio.ensure_future(out.delta("y" * 600, len("y" * 600)))  # 1200 bytes pending: over the cap
         await _settle()
         assert not blocked.done(), "the producer ran on past the cap"
         context.gate.set()
@@ -90,8 +92,8 @@ async def test_a_failed_write_reaches_the_producer():
             raise ConnectionResetError("client gone")
 
     with pytest.raises(ConnectionResetError):
-        async with CoalescingWriter(Broken()) as out:
-            await out.delta("a")
+        async with CoalescingWriter(Broken(), merge_text) as out:
+            await out.delta("a", len("a"))
             await _settle()
             await out.message(FINAL)
 
@@ -100,8 +102,20 @@ async def test_a_failed_producer_cancels_the_writer():
     context = HeldContext()
     context.gate.clear()
     with pytest.raises(RuntimeError):
-        async with CoalescingWriter(context) as out:
-            await out.delta("a")
+        async with CoalescingWriter(context, merge_text) as out:
+            await out.delta("a", len("a"))
             await _settle()
             raise RuntimeError("turn failed")
     assert out._task.cancelled()
+
+
+def test_one_forwarded_message_keeps_its_bytes_and_several_merge_with_the_result_last():
+    deltas = [inference_pb2.GenerateResponse(text=t, token_ids=[i]).SerializeToString() for i, t in enumerate("abc")]
+    result = inference_pb2.GenerateResponse(result=inference_pb2.GenerationResult(
+        finish_reason=inference_pb2.FINISH_REASON_LENGTH)).SerializeToString()
+    [alone] = merge_generate([deltas[0]])
+    assert unwrap(1, alone) == deltas[0]  # unparsed, unchanged
+    merged = [inference_pb2.GenerateResponse.FromString(unwrap(1, m)) for m in merge_generate([*deltas, result])]
+    assert [(m.text, list(m.token_ids), m.HasField("result")) for m in merged] == [("abc", [0, 1, 2], False),
+                                                                                   ("", [], True)]
+    assert unwrap(1, merge_generate([*deltas, result])[-1]) == result  # the final message is never rewritten
