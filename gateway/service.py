@@ -36,7 +36,7 @@ from gateway.database import embedded_postgres_url, open_database
 from gateway.sessions import Sessions
 from gateway.settings import GatewaySettings
 from gateway.turn_types import Delta
-from gateway.stream_writer import CoalescingWriter, merge_generate, merge_text
+from gateway.stream_writer import CoalescingWriter, merge_text
 from gateway.tenancy import DEV_IDENTITY, cache_salt_for, current_tenant, physical_collection
 
 log = logging.getLogger(__name__)
@@ -49,10 +49,10 @@ _RESPONSE_FIELD = pb.GenerateResponse.DESCRIPTOR.fields_by_name["response"].numb
 assert _RESPONSE_FIELD == pb.RetrieveResponse.DESCRIPTOR.fields_by_name["response"].number
 
 
-def _note_stream(out: CoalescingWriter, last: bytes) -> None:
-    """Per stream, not per message: messages in and out, and the token counts of the final message."""
+def _note_stream(messages_in: int, messages_out: int, last: bytes = b"") -> None:
+    """Per stream, not per message: messages in and out, and the token counts of a forwarded final message."""
     span = trace.get_current_span()
-    span.set_attributes({"agw.stream.messages_in": out.deltas, "agw.stream.messages_out": out.written})
+    span.set_attributes({"agw.stream.messages_in": messages_in, "agw.stream.messages_out": messages_out})
     if last:
         usage = inference_pb2.GenerateResponse.FromString(last).result.usage
         span.set_attribute("agw.generate.completion_tokens", usage.completion_tokens)
@@ -85,24 +85,28 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
     async def Generate(self, request, context):
         """A passthrough: the inference service's messages go out as the bytes it sent (servicekit.passthrough).
 
-        Written with ``context.write`` by a :class:`CoalescingWriter`, not
-        yielded: no generator hop per message here or at the edge. Messages
-        are parsed only to merge them behind a slow client; otherwise only
-        the last one is, after the stream, for the span's token counts.
+        Written with ``context.write`` as read, not yielded: no generator hop
+        per message here or at the edge, and no second task (a coalescing
+        writer here cost more CPU per token than it saved: the gateway's
+        writes finish well within a stream's inter-token gap even at 64
+        streams, so nothing merged; docs/benchmarks.md). Reading waits for
+        each write, so a slow client holds the backend back through flow
+        control. Only the last message is parsed, after the stream, for the
+        span's token counts.
         """
         tenant = self._tenant(context)
         self.bounds.generate(request)
         # The request is ours to change: no copy of the prompt.
         request.request.cache_salt = cache_salt_for(self.settings.prefix_cache, tenant, request.request.cache_salt)
-        last = b""
+        messages, last = 0, b""
         with ExitStack() as slot:
             self._admit(slot, tenant)
-            async with self.backends.start_generate_bytes(request.request, context) as stream, \
-                    CoalescingWriter(context, merge_generate, self.settings.stream_pending_bytes) as out:
+            async with self.backends.start_generate_bytes(request.request, context) as stream:
                 async for payload in stream:
-                    await out.delta(payload, len(payload))
+                    await context.write(wrap(_RESPONSE_FIELD, payload))
+                    messages += 1
                     last = payload
-        _note_stream(out, last)
+        _note_stream(messages, messages, last)
 
     async def Retrieve(self, request, context):
         """A passthrough: the retrieval service's SearchResponse goes out as the bytes it sent."""
@@ -210,8 +214,7 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
                         await out.delta(event.text, len(event.text.encode()))
                     else:
                         await out.message(turn_event_to_proto(event))
-        trace.get_current_span().set_attributes({"agw.stream.messages_in": out.deltas,
-                                                 "agw.stream.messages_out": out.written})
+        _note_stream(out.deltas, out.written)
 
     async def _check_schemas(self, request: pb.ChatRequest) -> None:
         """Tool and response-format schemas against the meta-schema: once per text, on a thread (CPU work)."""

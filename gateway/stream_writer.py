@@ -1,4 +1,4 @@
-"""Server streams written with adaptive coalescing (Chat's deltas, Generate's forwarded messages).
+"""Chat's response stream, written with adaptive coalescing.
 
 A writer task sends the stream's messages with ``context.write``, one at a
 time, in order. While a write is in flight (a slow client, a busy process),
@@ -23,8 +23,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from agent.gateway.v1 import gateway_pb2 as pb
-from agent.inference.v1 import inference_pb2
-from servicekit.passthrough import wrap
 from servicekit.tasks import cancel_and_wait
 
 
@@ -41,35 +39,6 @@ class _Batch:
 def merge_text(parts: Sequence[str]) -> list[pb.ChatResponse]:
     """Chat: text deltas concatenate into one."""
     return [pb.ChatResponse(delta=pb.TokenDelta(text="".join(parts)))]
-
-
-def merge_generate(parts: Sequence[bytes], field_number: int = 1) -> list[bytes]:
-    """Generate: the inference service's serialised messages, each behind the wrapper's field header.
-
-    One message goes out as it came, unparsed. Several are parsed (only then)
-    and merged: text and token ids concatenate in order; a message with the
-    result (the stream's last) is never merged into a delta and keeps its bytes.
-    """
-    if len(parts) == 1:
-        return [wrap(field_number, parts[0])]
-    out: list[bytes] = []
-    delta: inference_pb2.GenerateResponse | None = None
-    for payload in parts:
-        message = inference_pb2.GenerateResponse.FromString(payload)
-        if message.HasField("result"):
-            if delta is not None:
-                out.append(wrap(field_number, delta.SerializeToString()))
-                delta = None
-            out.append(wrap(field_number, payload))
-            continue
-        if delta is None:
-            delta = message
-        else:
-            delta.text += message.text
-            delta.token_ids.extend(message.token_ids)
-    if delta is not None:
-        out.append(wrap(field_number, delta.SerializeToString()))
-    return out
 
 
 class CoalescingWriter:

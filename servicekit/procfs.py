@@ -104,3 +104,31 @@ def rss_bytes(pid: int | str = "self", proc: Path = Path("/proc")) -> int | None
         return int((proc / str(pid) / "statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, IndexError, ValueError):
         return None
+
+
+def available_cpus(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """CPUs this process may use: its affinity mask, capped by a cgroup CPU quota (a container's limit).
+
+    ``os.cpu_count()`` counts the host's cores, which in a pod limited to two
+    CPUs on a 64-core node would start 64 workers fighting over two.
+    """
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = _cgroup_quota(cgroup)
+    if quota is not None:
+        cpus = min(cpus, max(1, int(quota + 0.999)))  # a 1.5-CPU quota still runs two threads part of the time
+    return max(1, cpus)
+
+
+def _cgroup_quota(cgroup: Path) -> float | None:
+    """The CPU quota in CPUs, from cgroup v2 ``cpu.max`` or v1 ``cpu.cfs_quota_us``; None when unlimited."""
+    try:
+        quota, period = (cgroup / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int((cgroup / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((cgroup / "cpu" / "cpu.cfs_period_us").read_text())
+        return None if quota_us <= 0 else quota_us / period_us
+    except (OSError, ValueError):
+        return None

@@ -10,9 +10,7 @@ import asyncio
 import pytest
 
 from agent.gateway.v1 import gateway_pb2 as pb
-from agent.inference.v1 import inference_pb2
-from gateway.stream_writer import CoalescingWriter, merge_generate, merge_text
-from servicekit.passthrough import unwrap
+from gateway.stream_writer import CoalescingWriter, merge_text
 
 pytestmark = pytest.mark.unit
 
@@ -108,14 +106,3 @@ async def test_a_failed_producer_cancels_the_writer():
             raise RuntimeError("turn failed")
     assert out._task.cancelled()
 
-
-def test_one_forwarded_message_keeps_its_bytes_and_several_merge_with_the_result_last():
-    deltas = [inference_pb2.GenerateResponse(text=t, token_ids=[i]).SerializeToString() for i, t in enumerate("abc")]
-    result = inference_pb2.GenerateResponse(result=inference_pb2.GenerationResult(
-        finish_reason=inference_pb2.FINISH_REASON_LENGTH)).SerializeToString()
-    [alone] = merge_generate([deltas[0]])
-    assert unwrap(1, alone) == deltas[0]  # unparsed, unchanged
-    merged = [inference_pb2.GenerateResponse.FromString(unwrap(1, m)) for m in merge_generate([*deltas, result])]
-    assert [(m.text, list(m.token_ids), m.HasField("result")) for m in merged] == [("abc", [0, 1, 2], False),
-                                                                                   ("", [], True)]
-    assert unwrap(1, merge_generate([*deltas, result])[-1]) == result  # the final message is never rewritten
