@@ -172,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="run one service in the foreground")
     serve.add_argument("service", choices=sorted(SERVICES))
-    serve.add_argument("--workers", type=int, help="gateway only: processes sharing the port (default: cores)")
+    serve.add_argument("--workers", type=int,
+                       help="gateway only: processes sharing the port (default: one per 1.25 usable CPUs)")
     serve.set_defaults(func=_serve)
 
     up = commands.add_parser("up", help="run the whole stack locally (embedded Postgres, Qdrant Edge, smoke model)")

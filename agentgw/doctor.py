@@ -28,6 +28,7 @@ from agent.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from agent.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from agentgw.connection import Connection
+from gateway.settings import CPUS_PER_WORKER, default_workers
 from servicekit.identity import Identity, IdentityFiles
 from servicekit.procfs import cpu_scheduling_group, descendants
 
@@ -144,12 +145,19 @@ async def gateway_checks(connection: Connection) -> list[Check]:
         "AGW_GATEWAY_DB_ACQUIRE_TIMEOUT_S finite"))
     checks.append(_loop_check("gateway", stats.event_loop))
     checks.append(public_limits_check(stats.limits))
-    cores = stats.cpu_count or 1
-    checks.append(Check(
-        "gateway workers against cores", Status.PASS if 1 <= stats.workers <= cores else Status.WARN,
-        f"{stats.workers} workers on {cores} cores",
-        "AGW_GATEWAY_WORKERS: one Python process serves one core; more workers than cores only contend"))
+    checks.append(workers_check(stats.workers, stats.cpu_count or 1))
     return checks
+
+
+def workers_check(workers: int, cpus: int) -> Check:
+    """The gateway's workers against the rule its default follows (``gateway.settings.default_workers``)."""
+    rule = default_workers(cpus)
+    return Check(
+        "gateway workers against CPUs", Status.PASS if 1 <= workers <= rule else Status.WARN,
+        f"{workers} workers on {cpus} usable CPUs (the rule gives {rule})",
+        f"AGW_GATEWAY_WORKERS: each worker keeps about {CPUS_PER_WORKER} CPUs busy at saturation (its event loop and "
+        "gRPC's poller thread); more workers than the CPUs carry only contend with each other and the engine. "
+        "Unset it to follow the rule")
 
 def _loop_check(service: str, loop: str) -> Check:
     return Check(

@@ -25,6 +25,7 @@ from servicekit.errors import InvalidArgument, NotFound, ServiceError
 from servicekit.json_schema import SchemaVerdicts, check_schema
 from servicekit.metrics import gauge, meter
 from servicekit.passthrough import add_service, wrap
+from servicekit.procfs import available_cpus
 from servicekit.server import Health
 
 from gateway.admission import Admission
@@ -190,7 +191,7 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
             backends=backends, in_flight=self.admission.in_flight, admitted=self.admission.admitted,
             rejected=self.admission.rejected, worker_pid=os.getpid(), database=database,
             event_loop=type(asyncio.get_running_loop()).__module__.split(".")[0],
-            workers=self.settings.workers, cpu_count=os.cpu_count() or 0, limits=pb.PublicLimits(
+            workers=self.settings.workers, cpu_count=available_cpus(), limits=pb.PublicLimits(
                 max_concurrent_streams=self.settings.max_concurrent_streams,
                 max_connection_idle_ms=int(self.settings.max_connection_idle_s * 1000),
                 max_connection_age_ms=int(self.settings.max_connection_age_s * 1000),

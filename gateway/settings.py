@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
 
+from servicekit.procfs import available_cpus
 from servicekit.settings import (
     PLACEHOLDER_SECRETS,
     Port,
@@ -18,6 +18,21 @@ from servicekit.settings import (
     prefixed_config,
     read_secret,
 )
+
+
+#: CPUs one gateway worker keeps busy at saturation: its event loop, plus gRPC's poller thread, which py-spy
+#: found in 15-20% of a loaded worker's samples (docs/benchmarks.md, "The gateway under load").
+CPUS_PER_WORKER = 1.25
+
+
+def default_workers(cpus: int) -> int:
+    """The worker rule: one worker per ``CPUS_PER_WORKER`` usable CPUs (affinity and cgroup quota), at least one.
+
+    On 2 CPUs that is 1: a second worker there measured no better than one
+    (and, before the byte-level passthrough, far worse), since both compete
+    with each other's poller threads and whatever else runs on the host.
+    """
+    return max(1, int(cpus / CPUS_PER_WORKER))
 
 
 class GatewaySettings(ServiceSettings):
@@ -33,7 +48,8 @@ class GatewaySettings(ServiceSettings):
         "tenant/*", description="Identities allowed on the public API, comma-separated kind/name patterns. "
         "GetStats answers operators (operator/*) only.")
     reuse_port: bool = Field(True, description="SO_REUSEPORT, so several worker processes share the port.")
-    workers: int = Field(default_factory=lambda: os.cpu_count() or 1, gt=0, description="Processes on the port.")
+    workers: int = Field(default_factory=lambda: default_workers(available_cpus()), gt=0,
+                         description="Processes on the port; default one per 1.25 usable CPUs, at least 1.")
     worker_index: int | None = Field(
         None, ge=0, description="Set by the supervisor in each worker it starts; not for operators.")
     insecure_dev: bool = deployment_field(

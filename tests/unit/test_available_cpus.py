@@ -38,3 +38,17 @@ def test_cgroup_v1_quota(tmp_path):
 def test_cpu_and_memory_of_this_process():
     assert cpu_seconds() > 0 and rss_bytes() > 10 * 2**20
     assert cpu_seconds(2**22 + 12345) is None  # no such process
+
+
+def test_the_worker_rule_leaves_each_worker_its_poller_thread():
+    from gateway.settings import default_workers
+
+    assert [default_workers(c) for c in (1, 2, 3, 4, 8, 16)] == [1, 1, 2, 3, 6, 12]
+
+
+def test_the_doctor_warns_past_the_rule():
+    from agentgw.doctor import Status, workers_check
+
+    assert workers_check(1, 2).status == Status.PASS
+    over = workers_check(2, 2)
+    assert over.status == Status.WARN and "the rule gives 1" in over.measured and "AGW_GATEWAY_WORKERS" in over.fix
