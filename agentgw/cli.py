@@ -123,6 +123,12 @@ def _chat(args: argparse.Namespace) -> int:
     return chat_client.main(args, _shared_settings())
 
 
+def _load(args: argparse.Namespace) -> int:
+    from agentgw import load
+
+    return load.main(args, _shared_settings())
+
+
 def _doctor(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -179,11 +185,23 @@ def build_parser() -> argparse.ArgumentParser:
     up = commands.add_parser("up", help="run the whole stack locally (embedded Postgres, Qdrant Edge, smoke model)")
     up.set_defaults(func=_up)
 
+    _add_client_commands(commands)
+    return parser
+
+
+def _add_client_commands(commands) -> None:
+    """The commands that talk to a running stack: chat, load, doctor, trace."""
     chat = commands.add_parser("chat", help="ask the running stack a question (or chat interactively)")
     from agentgw.chat import add_arguments as add_chat_arguments
 
     add_chat_arguments(chat)
     chat.set_defaults(func=_chat)
+
+    load_command = commands.add_parser("load", help="open-loop agent-turn load against a gateway: report, JSON, plot, SLOs")
+    from agentgw.load import add_arguments as add_load_arguments
+
+    add_load_arguments(load_command)
+    load_command.set_defaults(func=_load)
 
     doctor = commands.add_parser("doctor", help="check a running stack against each latency root cause (exit 0/1/2)")
     doctor.add_argument("--target", help="gateway address (default: from $AGW_HOME/connection.json)")
@@ -198,7 +216,6 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("trace_id", help="the trace id (as printed by agentgw chat; a prefix is enough)")
     trace.add_argument("--file", type=Path, help="span file (default: $AGW_TRACE_FILE or $AGW_HOME/traces.jsonl)")
     trace.set_defaults(func=_trace)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

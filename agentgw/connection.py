@@ -99,6 +99,10 @@ class Connection:
         """A channel to the gateway as this machine's tenant."""
         return self._channel(self.gateway, Identity.tenant(self.identity))
 
+    def tenant_channel(self, tenant: str):
+        """A channel to the gateway as tenant ``tenant`` (its certificate must be in the TLS folder)."""
+        return self._channel(self.gateway, Identity.tenant(tenant))
+
     def gateway_operator_channel(self):
         """A channel to the gateway as the operator (for GetStats, which serves operators only)."""
         return self._channel(self.gateway, Identity.operator(self.operator))

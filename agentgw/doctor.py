@@ -17,8 +17,6 @@ import ssl
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from enum import IntEnum
 from pathlib import Path
 
 import grpc
@@ -27,7 +25,9 @@ from cryptography import x509
 from agent.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from agent.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
+from agentgw.checks import Check, Status
 from agentgw.connection import Connection
+from agentgw.host_hazards import cpu_frequencies, cpu_frequency_check, memory_high_events, memory_pressure_check
 from gateway.settings import CPUS_PER_WORKER, default_workers
 from servicekit.identity import Identity, IdentityFiles
 from servicekit.procfs import cpu_scheduling_group, descendants
@@ -41,24 +41,6 @@ PAYLOAD_FAIL_BYTES = 8192
 CERT_WARN_DAYS = 7
 #: A shared prefix long enough to fill several KV blocks.
 PREFIX = "The doctor asks about a shared prefix so the second request can reuse its KV cache. " * 12
-
-
-class Status(IntEnum):
-    PASS = 0
-    WARN = 1
-    FAIL = 2
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    status: Status
-    measured: str
-    fix: str = ""
-
-    def line(self) -> str:
-        text = f"{self.status.name:<4}  {self.name:<34} {self.measured}"
-        return text + (f"\n      fix: {self.fix}" if self.status is not Status.PASS and self.fix else "")
 
 
 # -- inference ---------------------------------------------------------------
@@ -319,9 +301,14 @@ class Doctor:
     def scheduling_check(self) -> Check:
         return scheduling_check(self.connection)
 
+    def memory_events(self) -> dict[str, int | None]:
+        """Each service's cgroup ``memory.high`` count now (None where the host does not expose it)."""
+        return {service: memory_high_events(pid) for service, pid in self.connection.pids.items()}
+
     async def run(self) -> list[Check]:
         connection = self.connection
         checks: list[Check] = []
+        memory_before = self.memory_events()
         sections: list[tuple[str, Callable[[], Awaitable[list[Check]]]]] = [
             # Retrieval before the gateway: its searches go through the
             # gateway's pool, so the channel-reuse check sees real calls.
@@ -339,9 +326,12 @@ class Doctor:
             except (grpc.aio.AioRpcError, ConnectionError, OSError) as exc:
                 detail = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
                 checks.append(Check(f"{name} reachable", Status.FAIL, detail, f"is the {name} service running?"))
+        # Read right after the sections' calls, while the stack was busy: a throttled core shows under load.
+        checks.append(cpu_frequency_check(await asyncio.to_thread(cpu_frequencies)))
         for blocking in (tls_checks, certificate_checks, loop_checks_from_metrics):
             checks += await asyncio.to_thread(blocking, connection)
         checks.append(await asyncio.to_thread(scheduling_check, connection))
+        checks.append(memory_pressure_check(memory_before, self.memory_events()))
         return checks
 
 

@@ -129,7 +129,18 @@ async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], w
             per_worker = max(1, turns // concurrency)
 
             async def same_prompt(session: str, question: str) -> list[inference_pb2.ChatMessage]:
-                """The prompt the gateway builds for this turn: system, history window, context + question."""
+                """The prompt the gateway builds for this turn: system, history window, context + question.
+
+                Untimed, and retried when admission refuses it (at c=64 the tenant's share is full)."""
+                while True:
+                    try:
+                        return await _same_prompt(session, question)
+                    except grpc.aio.AioRpcError as error:
+                        if error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                            raise
+                        await asyncio.sleep(0.05)
+
+            async def _same_prompt(session: str, question: str) -> list[inference_pb2.ChatMessage]:
                 listed = (await gateway.ListMessages(pb.ListMessagesRequest(session_id=session, page_size=1000),
                                                      timeout=10)).messages
                 history = history_window(list(reversed(listed))[:window.history_messages],

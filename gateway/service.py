@@ -9,6 +9,7 @@ method, operators on GetStats alone.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import time
@@ -48,6 +49,19 @@ GATEWAY_SERVICE = pb.DESCRIPTOR.services_by_name["AgentGateway"]
 PASSTHROUGH_METHODS = ("Generate", "Retrieve")
 _RESPONSE_FIELD = pb.GenerateResponse.DESCRIPTOR.fields_by_name["response"].number
 assert _RESPONSE_FIELD == pb.RetrieveResponse.DESCRIPTOR.fields_by_name["response"].number
+
+
+def _note_turn_shape(request: pb.ChatRequest) -> None:
+    """The turn's shape on its span, never its content: enough for ``agentgw load --replay`` to send its like."""
+    session = request.session_id
+    trace.get_current_span().set_attributes({
+        "agw.turn.message_chars": len(request.message),
+        "agw.turn.retrieval": request.HasField("retrieval"),
+        "agw.turn.max_tokens": request.generation.max_tokens,
+        "agw.turn.tool_results": len(request.tool_results),
+        # Which turns share a session, without naming it.
+        "agw.turn.session_key": hashlib.sha256(session.encode()).hexdigest()[:16] if session else "",
+    })
 
 
 def _note_stream(messages_in: int, messages_out: int, last: bytes = b"") -> None:
@@ -204,6 +218,7 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
         clock = Clock(time.perf_counter())
         tenant = self._tenant(context)
         self.bounds.chat(request)
+        _note_turn_shape(request)
         turn = turn_request_from_proto(request)
         await self._check_schemas(request)
         with ExitStack() as slot:
