@@ -56,6 +56,13 @@ class Bounds:
         self.chars(field, value, "max_key_chars")
 
     @staticmethod
+    def storable(field: str, value: str) -> None:
+        """Text that is stored in Postgres, whose text and jsonb types cannot hold U+0000."""
+        if "\x00" in value:
+            raise InvalidArgument(field, "contains a NUL character (U+0000), which session storage cannot hold; "
+                                  "remove it or escape it")
+
+    @staticmethod
     def session_id(field: str, value: str) -> None:
         # Fixed, not a setting: the gateway issues session ids, UUIDs of 36 characters.
         if len(value) > MAX_SESSION_ID_CHARS:
@@ -108,6 +115,8 @@ class Bounds:
         for index, result in enumerate(request.tool_results):
             self.key(f"tool_results[{index}].tool_call_id", result.tool_call_id)
             self.chars(f"tool_results[{index}].content", result.content, "max_message_chars")
+            self.storable(f"tool_results[{index}].tool_call_id", result.tool_call_id)
+            self.storable(f"tool_results[{index}].content", result.content)
         self.key("response_format.json_schema.name", request.response_format.json_schema.name)
         self.schema("response_format.json_schema.schema", request.response_format.json_schema.schema)
 
@@ -120,6 +129,8 @@ class Bounds:
 
     def chat(self, request: pb.ChatRequest) -> None:
         self.chars("message", request.message, "max_message_chars")
+        self.storable("message", request.message)
+        self.storable("idempotency_key", request.idempotency_key)
         self.chars("system_prompt", request.system_prompt, "max_system_prompt_chars")
         self.session_id("session_id", request.session_id)
         self.key("idempotency_key", request.idempotency_key)
@@ -172,6 +183,7 @@ class Bounds:
         size = 0
         for key, value in request.metadata.items():
             self.key(f"metadata[{key[:32]!r}]", key)
+            self.storable(f"metadata[{key[:32]!r}]", key + value)
             size += len(key.encode()) + len(value.encode())
         self._limit("metadata", size, "max_metadata_bytes", "bytes (keys and values, UTF-8)")
 

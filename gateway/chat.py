@@ -68,6 +68,12 @@ def _over_context(error: ServiceError) -> bool:
     )
 
 
+def _storable(text: str) -> str:
+    """The model's text as Postgres can store it: its text and jsonb types cannot hold U+0000, which a model
+    may emit; it is stored as U+FFFD (a client's own text with NUL is refused at the edge, gateway.bounds)."""
+    return text.replace("\x00", "\ufffd")
+
+
 def estimate_tokens(text: str) -> int:
     """About four characters a token: for the history budget, not for billing."""
     return max(1, len(text) // 4)
@@ -103,10 +109,11 @@ class _Turn:
         if request.message:
             messages.append({"role": "user", "content": request.message,
                              "token_count": estimate_tokens(request.message)})
-        answer = {"role": "assistant", "content": "".join(self.pieces),
+        answer = {"role": "assistant", "content": _storable("".join(self.pieces)),
                   "token_count": self.result.usage.completion_tokens if self.result else 0}
         if self.tool_calls:
-            answer["tool_calls"] = tool_calls_to_json(self.tool_calls)
+            answer["tool_calls"] = [{key: _storable(value) for key, value in call.items()}
+                                    for call in tool_calls_to_json(self.tool_calls)]
         return [*messages, answer]
 
     @property

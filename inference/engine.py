@@ -238,6 +238,7 @@ class Engine:
         from vllm import SamplingParams
         from vllm.renderers.inputs.preprocess import parse_model_prompt
         from vllm.sampling_params import RequestOutputKind
+        from vllm.exceptions import VLLMValidationError
         from vllm.v1.engine.exceptions import EngineDeadError
 
         with _TRACER.start_as_current_span("tokenize") as span:
@@ -246,17 +247,20 @@ class Engine:
         check_fits_context(len(token_ids), sampling, self.limits)
         self._check_capacity()
         shaped = await self.structured_outputs(prompt, sampling)
-        params = SamplingParams(
-            max_tokens=sampling.max_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k,
-            stop=list(sampling.stop) or None,
-            seed=sampling.seed,
-            ignore_eos=sampling.ignore_eos,
-            output_kind=RequestOutputKind.DELTA,
-            structured_outputs=shaped.compiled.structured_outputs() if shaped.compiled else None,
-        )
+        try:
+            params = SamplingParams(
+                max_tokens=sampling.max_tokens,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k,
+                stop=list(sampling.stop) or None,
+                seed=sampling.seed,
+                ignore_eos=sampling.ignore_eos,
+                output_kind=RequestOutputKind.DELTA,
+                structured_outputs=shaped.compiled.structured_outputs() if shaped.compiled else None,
+            )
+        except VLLMValidationError as exc:  # vLLM's own ranges (temperature in [0, 2], ...): the caller's to fix
+            raise InvalidArgument(f"sampling.{exc.parameter or 'params'}", str(exc)) from None
         with _TRACER.start_as_current_span("render"):
             (engine_input,) = await self._llm.renderer.render_cmpl_async(
                 [parse_model_prompt(self._llm.model_config, _engine_prompt(token_ids, prompt.cache_salt))]

@@ -193,6 +193,10 @@ class PromptInput:
     tool_choice: ToolChoice = ToolChoice()
 
 
+#: vLLM refuses a higher temperature (its SamplingParams check).
+MAX_TEMPERATURE = 2.0
+
+
 def check_prompt_input(prompt: PromptInput, field_name: str = "input") -> None:
     """Reject a missing or empty prompt, or a chat message with no role."""
     if prompt.text is not None:
@@ -246,8 +250,9 @@ def resolve_sampling(given: SamplingInput, limits: Limits) -> Sampling:
             f"must be below the model's context of {limits.max_context_tokens} tokens (got {max_tokens})",
         )
     temperature = 1.0 if given.temperature is None else given.temperature
-    if not math.isfinite(temperature) or temperature < 0:
-        raise InvalidArgument("sampling.temperature", f"must be >= 0 (got {temperature})")
+    if not math.isfinite(temperature) or not 0 <= temperature <= MAX_TEMPERATURE:
+        raise InvalidArgument("sampling.temperature", f"must be >= 0 and <= {MAX_TEMPERATURE:g}, vLLM's range "
+                                                      f"(got {temperature})")
     top_p = 1.0 if given.top_p is None else given.top_p
     if not (0 < top_p <= 1):
         raise InvalidArgument("sampling.top_p", f"must be in (0, 1] (got {top_p})")

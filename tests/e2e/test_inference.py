@@ -340,6 +340,8 @@ def test_health_turns_serving_only_after_warm_up(inference_service):
         (pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(max_tokens=-3)), "sampling.max_tokens", "must be > 0"),
         (pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(max_tokens=CONTEXT)), "sampling.max_tokens", f"context of {CONTEXT}"),
         (pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(temperature=-0.5)), "sampling.temperature", ">= 0"),
+        # Found by tests/e2e/test_fuzz_public_api.py: vLLM's own range check had surfaced as INTERNAL.
+        (pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(temperature=3)), "sampling.temperature", "<= 2"),
         (pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(top_p=0)), "sampling.top_p", "(0, 1]"),
         (pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(top_p=1.5)), "sampling.top_p", "(0, 1]"),
         (pb.GenerateRequest(prompt="x", sampling=pb.SamplingParams(top_k=0)), "sampling.top_k", "positive"),
