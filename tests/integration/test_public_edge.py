@@ -202,6 +202,22 @@ async def test_every_bounded_field_is_refused_naming_itself_and_its_setting(edge
     await _healthy_turn(stub)
 
 
+@pytest.mark.parametrize(("method", "request_", "field"), [
+    ("CreateSession", pb.CreateSessionRequest(metadata={"a": "x\x00y"}), "metadata['a']"),
+    ("Chat", pb.ChatRequest(message="tokens=2 \x00"), "message"),
+    ("Chat", pb.ChatRequest(message="tokens=2", idempotency_key="k\x00"), "idempotency_key"),
+    ("Chat", pb.ChatRequest(tool_results=[pb.ToolResult(tool_call_id="c1", content="\x00")]),
+     "tool_results[0].content"),
+], ids=["metadata", "message", "idempotency_key", "tool_result"])
+async def test_a_nul_character_in_text_that_is_stored_is_refused_naming_the_field(edge, method, request_, field):
+    """Found by the fuzzer (tests/e2e/test_fuzz_public_api.py): Postgres text cannot hold U+0000."""
+    stub = edge[0]
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await _call(stub, method, request_)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details().startswith(f"{field}: contains a NUL character"), caught.value.details()
+
+
 async def test_undecodable_bytes_and_invalid_utf8_get_invalid_argument(edge, pki):
     stub, gateway, _, _, _ = edge
     raw = {"unary_unary": "/agent.gateway.v1.AgentGateway/CreateSession",
