@@ -5,42 +5,15 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from pathlib import Path
 
 import grpc
 import pytest
 
 from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from tests.support.grpc_client import health_status, mtls_channel
-from agentgw.supervisor import ServiceProcess
+from tests.support.scripted_process import ScriptedProcess
 
 pytestmark = pytest.mark.integration
-
-REPO = Path(__file__).resolve().parents[2]
-
-class ScriptedProcess(ServiceProcess):
-    """The scripted Inference service in its own process, recording its backend close."""
-
-    def __init__(self, workdir: Path, tls_dir: Path, **env: str) -> None:
-        self.closed_file = workdir / "closed"
-        super().__init__(
-            "tests.support.scripted_inference", workdir, tls_dir, "AGW_SCRIPTED_", cwd=REPO,
-            env={"AGW_SCRIPTED_CLOSED_FILE": str(self.closed_file), "AGW_GRACE_S": "10", **env},
-        )
-
-    async def port(self) -> int:
-        return self.wait_port(timeout=20)
-
-    def signal(self, signum: int) -> None:
-        self.process.send_signal(signum)
-
-    async def wait(self, timeout: float = 20) -> int:
-        deadline = time.monotonic() + timeout
-        while (code := self.process.poll()) is None:
-            assert time.monotonic() < deadline, "server did not exit"
-            await asyncio.sleep(0.05)
-        return code
-
 
 @pytest.fixture
 def server_process(tmp_path, pki):
