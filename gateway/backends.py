@@ -18,13 +18,13 @@ import grpc
 from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from agent.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from servicekit.channels import ChannelSpec
-from servicekit.errors import DeadlineExceeded, from_rpc_error
+from servicekit.errors import DeadlineExceeded, Unavailable, from_rpc_error
 from servicekit.tasks import cancel_and_wait
 from servicekit.telemetry import outgoing_metadata
 from servicekit.tls import CertificateFiles, ClientTls
 
 from gateway.admission import Admission
-from servicekit.pool import ChannelPool
+from servicekit.pool import ChannelPool, Liveness, PooledChannel
 from gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
@@ -69,11 +69,16 @@ class Backends:
     async def _unary(self, pool: ChannelPool, stub_class, method: str, request, context):
         timeout = self.deadlines.for_call(context)
         with pool.use() as pooled:
+            generation = pooled.generation
             try:
                 return await getattr(pooled.stub(stub_class), method)(
                     request, timeout=timeout, metadata=outgoing_metadata())
             except grpc.aio.AioRpcError as exc:
-                raise from_rpc_error(exc, backend=pool.name, where=pool.target) from None
+                raise backend_error(exc, pool, pooled, generation) from None
+            except asyncio.CancelledError:
+                if pooled.generation == generation:
+                    raise
+                raise stalled_error(pool, pooled) from None
 
     async def search(self, request: retrieval_pb2.SearchRequest, context) -> retrieval_pb2.SearchResponse:
         return await self._unary(self.retrieval, retrieval_pb2_grpc.RetrievalStub, "Search", request, context)
@@ -82,10 +87,15 @@ class Backends:
         """A search whose response stays the retrieval service's serialised SearchResponse (passed through)."""
         timeout = self.deadlines.for_call(context)
         with self.retrieval.use() as pooled:
+            generation = pooled.generation
             try:
                 return await pooled.raw(_SEARCH)(request, timeout=timeout, metadata=outgoing_metadata())
             except grpc.aio.AioRpcError as exc:
-                raise from_rpc_error(exc, backend=self.retrieval.name, where=self.retrieval.target) from None
+                raise backend_error(exc, self.retrieval, pooled, generation) from None
+            except asyncio.CancelledError:
+                if pooled.generation == generation:
+                    raise
+                raise stalled_error(self.retrieval, pooled) from None
 
     async def get_collection(self, name: str, context) -> retrieval_pb2.GetCollectionResponse:
         return await self._unary(self.retrieval, retrieval_pb2_grpc.RetrievalStub, "GetCollection",
@@ -109,7 +119,7 @@ class Backends:
         start = (pooled.raw(INFERENCE_SERVICE.methods_by_name[method]) if raw
                  else getattr(pooled.stub(inference_pb2_grpc.InferenceStub), method))
         call = start(*request, timeout=timeout, metadata=outgoing_metadata())
-        return StartedStream(call, slot, self.inference.name, self.inference.target)
+        return StartedStream(call, slot, self.inference, pooled)
 
     def start_generate(self, request: inference_pb2.GenerateRequest, context) -> StartedStream:
         """Start a Generate call now: it goes out the next time the event loop runs.
@@ -133,6 +143,18 @@ class Backends:
         return self._start("OpenGenerate", context=context)
 
 
+def backend_error(exc: grpc.aio.AioRpcError, pool: ChannelPool, pooled: PooledChannel, generation: int):
+    """A backend call's failure as our error; a call ended because its connection fell silent is UNAVAILABLE."""
+    if exc.code() == grpc.StatusCode.CANCELLED and pooled.generation != generation:
+        return stalled_error(pool, pooled)
+    return from_rpc_error(exc, backend=pool.name, where=pool.target)
+
+
+def stalled_error(pool: ChannelPool, pooled: PooledChannel) -> Unavailable:
+    return Unavailable(f"the {pool.name} service stopped answering (no reply to liveness probes); retry shortly",
+                       internal=f"{pool.describe()}: call ended when channel {pooled.index} was replaced")
+
+
 class StartedStream:
     """A server-streaming backend call already under way, on a pooled channel.
 
@@ -142,11 +164,12 @@ class StartedStream:
     works even if it was never iterated.
     """
 
-    def __init__(self, call, slot: ExitStack, backend: str, where: str) -> None:
+    def __init__(self, call, slot: ExitStack, pool: ChannelPool, pooled: PooledChannel) -> None:
         self._call = call
         self._slot = slot
-        self._backend = backend
-        self._where = where
+        self._pool = pool
+        self._pooled = pooled
+        self._generation = pooled.generation
 
     async def send_prefix(self, messages: list[inference_pb2.ChatMessage],
                           tools: tuple[inference_pb2.Tool, ...] = ()) -> None:
@@ -166,7 +189,7 @@ class StartedStream:
             # write's own error can be a transport detail ("Internal error from Core"): the call's status says why.
             status = grpc.aio.AioRpcError(await self._call.code(), await self._call.initial_metadata(),
                                           await self._call.trailing_metadata(), await self._call.details())
-            raise from_rpc_error(status, backend=self._backend, where=self._where) from None
+            raise backend_error(status, self._pool, self._pooled, self._generation) from None
 
     def __aiter__(self) -> StartedStream:
         return self
@@ -177,9 +200,15 @@ class StartedStream:
         try:
             message = await self._call.read()
         except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc, backend=self._backend, where=self._where) from None
+            raise backend_error(exc, self._pool, self._pooled, self._generation) from None
+        except asyncio.CancelledError:
+            # Closing a channel cancels its calls this way; our own task's cancellation too, and stays one.
+            if self._pooled.generation == self._generation:
+                raise
+            raise stalled_error(self._pool, self._pooled) from None
         if message is grpc.aio.EOF:
             raise StopAsyncIteration
+        self._pooled.received()
         return message
 
     def close(self) -> None:
@@ -244,7 +273,9 @@ async def open_backends(settings: GatewaySettings, admission: Admission) -> Asyn
             ("retrieval", settings.retrieval_target, RETRIEVAL_SERVICE),
         ):
             pool = ChannelPool(name, _spec(settings, target, service, tls), settings.channels_per_backend,
-                               health_service=service.full_name, drain_s=settings.default_deadline_s)
+                               health_service=service.full_name, drain_s=settings.default_deadline_s,
+                               liveness=Liveness(settings.backend_probe_s, settings.backend_probe_timeout_s)
+                               if settings.backend_probe_s else None)
             await pool.start(connect_timeout_s=settings.connect_timeout_s, wait=settings.on_backend_down == "wait")
             stack.push_async_callback(pool.close)
             pools.append(pool)

@@ -66,6 +66,11 @@ class GatewaySettings(ServiceSettings):
         "fail", description="At start-up: exit naming the backend, or start NOT_SERVING and keep retrying."
     )
     default_deadline_s: float = Field(30.0, gt=0, description="Backend deadline when the caller set none.")
+    backend_probe_s: float = Field(
+        1.0, ge=0, description="Liveness: each backend channel is probed (a health Check) this often; two "
+        "unanswered probes with nothing received meanwhile replace its connection and end its calls UNAVAILABLE, "
+        "so a frozen or partitioned backend costs seconds, not a deadline. 0: off (keepalive alone).")
+    backend_probe_timeout_s: float = Field(2.0, gt=0, description="How long a liveness probe waits for its answer.")
     deadline_margin_ms: float = Field(20.0, ge=0, description="Taken off the caller's deadline for backend calls.")
     max_in_flight: int = Field(64, gt=0, description="Streams in flight per process before RESOURCE_EXHAUSTED.")
     max_in_flight_per_tenant: int | None = Field(

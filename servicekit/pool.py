@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -52,6 +53,24 @@ class PooledChannel:
     channel: grpc.aio.Channel
     stats: ChannelStats = field(default_factory=ChannelStats)
     _stubs: dict = field(default_factory=dict)
+    #: Bumped each time a liveness probe found the connection silent and replaced it: a call started under
+    #: an older generation that ends CANCELLED was ended by that replacement, not by its caller.
+    generation: int = 0
+    #: True from a failed liveness verdict until a probe on the new connection is answered.
+    stalled: bool = False
+    #: When a message last arrived on a call of this channel (monotonic): a flowing stream is not a silent one.
+    last_received: float = 0.0
+
+    def received(self) -> None:
+        """Note that a message arrived (backends' stream readers call this)."""
+        self.last_received = time.monotonic()
+
+    def replace_channel(self, channel: grpc.aio.Channel) -> grpc.aio.Channel:
+        """Put ``channel`` in place of the current one (returned, to be closed)."""
+        old, self.channel = self.channel, channel
+        self._stubs.clear()
+        self.generation += 1
+        return old
 
     def stub(self, stub_class):
         """A stub on this channel, built once."""
@@ -72,12 +91,36 @@ class PooledChannel:
         return self.channel.get_state(try_to_connect=False)
 
 
+@dataclass(frozen=True)
+class Liveness:
+    """A backend that stopped answering without closing (frozen, partitioned) is found by probing, not waited on.
+
+    Every ``every_s`` each channel sends a health Check with a ``timeout_s``
+    deadline. After ``failures`` timeouts in a row, with no message received
+    on that channel meanwhile (a flowing stream is not a silent backend), the
+    channel is declared stalled: its connection is replaced, which ends the
+    calls on it at once (the caller sees UNAVAILABLE), and new calls avoid it
+    until a probe on the new connection is answered. Detection takes at most
+    about ``failures x (every_s + timeout_s)``, far below keepalive's
+    ping interval plus its timeout.
+    """
+
+    every_s: float = 1.0
+    timeout_s: float = 1.0
+    failures: int = 2
+
+    @property
+    def window_s(self) -> float:
+        return self.failures * (self.every_s + self.timeout_s)
+
+
 class ChannelPool:
     """M channels to one backend, health-watched. Use ``async with`` or start()/close()."""
 
     def __init__(self, name: str, spec: ChannelSpec, size: int, health_service: str = "", *,
-                 drain_s: float = 30.0) -> None:
+                 drain_s: float = 30.0, liveness: Liveness | None = None) -> None:
         self.name = name
+        self.liveness = liveness
         self.spec = spec
         self.health_service = health_service
         self.drain_s = drain_s
@@ -119,6 +162,41 @@ class ChannelPool:
     def _watch_states(self) -> None:
         self._state_tasks = [asyncio.create_task(self._watch_state(p), name=f"{self.name}-state-{p.index}")
                              for p in self.channels]
+        if self.liveness is not None:
+            self._state_tasks += [asyncio.create_task(self._probe(p), name=f"{self.name}-probe-{p.index}")
+                                  for p in self.channels]
+
+    async def _probe(self, pooled: PooledChannel) -> None:
+        """Liveness: a health Check per interval on this channel; a silent channel is replaced (:class:`Liveness`)."""
+        liveness = self.liveness
+        request = health_pb2.HealthCheckRequest(service=self.health_service)
+        misses = 0
+        while True:
+            await asyncio.sleep(liveness.every_s)
+            try:
+                await pooled.stub(health_pb2_grpc.HealthStub).Check(request, timeout=liveness.timeout_s)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                    misses = 0  # refused or down: gRPC knows, and fails calls itself
+                    continue
+                misses += 1
+                silent_for = time.monotonic() - pooled.last_received
+                if misses >= liveness.failures and silent_for >= liveness.window_s and not pooled.stalled:
+                    self._stall(pooled, misses)
+                continue
+            misses = 0
+            if pooled.stalled:
+                pooled.stalled = False
+                log.warning("%s channel %d answers again", self.describe(), pooled.index)
+
+    def _stall(self, pooled: PooledChannel, misses: int) -> None:
+        log.warning("%s channel %d: %d liveness probes unanswered and nothing received for %.1fs; replacing its "
+                    "connection and ending its calls", self.describe(), pooled.index, misses,
+                    time.monotonic() - pooled.last_received)
+        pooled.stalled = True
+        old = pooled.replace_channel(open_channel(self.spec))
+        self._tasks = [task for task in self._tasks if not task.done()]
+        self._tasks.append(asyncio.create_task(old.close(None), name=f"{self.name}-close-stalled"))
 
     async def _wait_ready(self, channels: list[PooledChannel], timeout_s: float) -> None:
         await asyncio.gather(*(wait_ready(p.channel, timeout_s=timeout_s, target=self.describe()) for p in channels))
@@ -154,7 +232,14 @@ class ChannelPool:
         if state == grpc.ChannelConnectivity.CONNECTING:
             pooled.stats.connection_attempts += 1
         while True:
-            await pooled.channel.wait_for_state_change(state)
+            channel = pooled.channel
+            try:
+                await channel.wait_for_state_change(state)
+            except Exception:  # noqa: BLE001 - closed under us (replaced after a liveness verdict)
+                await asyncio.sleep(0.1)
+            if channel is not pooled.channel:
+                state = pooled.state
+                continue
             state = pooled.state
             if state == grpc.ChannelConnectivity.CONNECTING:
                 pooled.stats.connection_attempts += 1
@@ -179,8 +264,9 @@ class ChannelPool:
             await asyncio.sleep(0.5)
 
     def pick(self) -> PooledChannel:
-        """The channel with the fewest calls in flight (the first on a tie)."""
-        return min(self.channels, key=lambda p: p.stats.in_flight)
+        """The channel with the fewest calls in flight (the first on a tie), among those not stalled."""
+        live = [p for p in self.channels if not p.stalled] or self.channels
+        return min(live, key=lambda p: p.stats.in_flight)
 
     @contextmanager
     def use(self):
@@ -188,6 +274,9 @@ class ChannelPool:
         if not self.serving and all(p.state != grpc.ChannelConnectivity.READY for p in self.channels):
             raise Unavailable(f"the {self.name} service is not serving; retry shortly",
                               internal=f"{self.describe()}: health NOT_SERVING and no channel READY")
+        if all(p.stalled for p in self.channels):
+            raise Unavailable(f"the {self.name} service stopped answering; retry shortly",
+                              internal=f"{self.describe()}: every channel failed its liveness probes")
         pooled = self.pick()
         pooled.stats.calls += 1
         pooled.stats.in_flight += 1
