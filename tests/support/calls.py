@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 from google.protobuf import symbol_database
 from google.protobuf.descriptor import MethodDescriptor
@@ -37,8 +39,14 @@ async def write_once(call, request) -> None:
 
     A server that refuses at once (authorization) may end the call before the
     request is sent. gRPC's iterator path then reports a client-side INTERNAL
-    ("Internal error from Core") in place of the server's status; the explicit
-    write waits for and raises the server's status instead.
+    ("Internal error from Core") in place of the server's status; so can the
+    write itself, when the refusal wins the race to it (seen on a CI run). The
+    call's own status, which the server sent, is what is raised then, as the
+    gateway's StartedStream does.
     """
-    await call.write(request)
-    await call.done_writing()
+    try:
+        await call.write(request)
+        await call.done_writing()
+    except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+        raise grpc.aio.AioRpcError(await call.code(), await call.initial_metadata(), await call.trailing_metadata(),
+                                   await call.details()) from None
