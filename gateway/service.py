@@ -26,7 +26,7 @@ from servicekit.errors import InvalidArgument, NotFound, ServiceError
 from servicekit.json_schema import SchemaVerdicts, check_schema
 from servicekit.metrics import gauge, meter
 from servicekit.passthrough import add_service, wrap
-from servicekit.procfs import available_cpus
+from servicekit.procfs import available_cpus, open_fds
 from servicekit.server import Health
 
 from gateway.admission import Admission
@@ -205,7 +205,8 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
             backends=backends, in_flight=self.admission.in_flight, admitted=self.admission.admitted,
             rejected=self.admission.rejected, worker_pid=os.getpid(), database=database,
             event_loop=type(asyncio.get_running_loop()).__module__.split(".")[0],
-            workers=self.settings.workers, cpu_count=available_cpus(), limits=pb.PublicLimits(
+            workers=self.settings.workers, cpu_count=available_cpus(), asyncio_tasks=len(asyncio.all_tasks()),
+            open_fds=open_fds(), limits=pb.PublicLimits(
                 max_concurrent_streams=self.settings.max_concurrent_streams,
                 max_connection_idle_ms=int(self.settings.max_connection_idle_s * 1000),
                 max_connection_age_ms=int(self.settings.max_connection_age_s * 1000),

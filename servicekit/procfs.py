@@ -132,3 +132,22 @@ def _cgroup_quota(cgroup: Path) -> float | None:
         return None if quota_us <= 0 else quota_us / period_us
     except (OSError, ValueError):
         return None
+
+
+def open_fds(pid: int | str = "self", proc: Path = Path("/proc")) -> int:
+    """File descriptors process ``pid`` holds open (``/proc/<pid>/fd``); 0 if it cannot be read."""
+    try:
+        return len(os.listdir(proc / str(pid) / "fd"))
+    except OSError:
+        return 0
+
+
+def thread_count(pid: int | str = "self", proc: Path = Path("/proc")) -> int:
+    """Threads of process ``pid`` (``Threads:`` in ``/proc/<pid>/status``); 0 if it cannot be read."""
+    try:
+        for line in (proc / str(pid) / "status").read_text().splitlines():
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0

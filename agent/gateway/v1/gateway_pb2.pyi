@@ -322,7 +322,7 @@ class BackendStats(_message.Message):
     def __init__(self, name: _Optional[str] = ..., target: _Optional[str] = ..., serving: _Optional[bool] = ..., channels: _Optional[_Iterable[_Union[ChannelStats, _Mapping]]] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("backends", "in_flight", "admitted", "rejected", "worker_pid", "database", "event_loop", "workers", "cpu_count", "limits")
+    __slots__ = ("backends", "in_flight", "admitted", "rejected", "worker_pid", "database", "event_loop", "workers", "cpu_count", "limits", "asyncio_tasks", "open_fds")
     BACKENDS_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     ADMITTED_FIELD_NUMBER: _ClassVar[int]
@@ -333,6 +333,8 @@ class GetStatsResponse(_message.Message):
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     CPU_COUNT_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
+    ASYNCIO_TASKS_FIELD_NUMBER: _ClassVar[int]
+    OPEN_FDS_FIELD_NUMBER: _ClassVar[int]
     backends: _containers.RepeatedCompositeFieldContainer[BackendStats]
     in_flight: int
     admitted: int
@@ -343,7 +345,9 @@ class GetStatsResponse(_message.Message):
     workers: int
     cpu_count: int
     limits: PublicLimits
-    def __init__(self, backends: _Optional[_Iterable[_Union[BackendStats, _Mapping]]] = ..., in_flight: _Optional[int] = ..., admitted: _Optional[int] = ..., rejected: _Optional[int] = ..., worker_pid: _Optional[int] = ..., database: _Optional[_Union[DatabaseStats, _Mapping]] = ..., event_loop: _Optional[str] = ..., workers: _Optional[int] = ..., cpu_count: _Optional[int] = ..., limits: _Optional[_Union[PublicLimits, _Mapping]] = ...) -> None: ...
+    asyncio_tasks: int
+    open_fds: int
+    def __init__(self, backends: _Optional[_Iterable[_Union[BackendStats, _Mapping]]] = ..., in_flight: _Optional[int] = ..., admitted: _Optional[int] = ..., rejected: _Optional[int] = ..., worker_pid: _Optional[int] = ..., database: _Optional[_Union[DatabaseStats, _Mapping]] = ..., event_loop: _Optional[str] = ..., workers: _Optional[int] = ..., cpu_count: _Optional[int] = ..., limits: _Optional[_Union[PublicLimits, _Mapping]] = ..., asyncio_tasks: _Optional[int] = ..., open_fds: _Optional[int] = ...) -> None: ...
 
 class PublicLimits(_message.Message):
     __slots__ = ("max_concurrent_streams", "max_connection_idle_ms", "max_connection_age_ms", "max_receive_bytes", "max_in_flight", "max_in_flight_per_tenant")
