@@ -24,6 +24,8 @@ tracer = trace.get_tracer("agent-gateway.database")
 
 #: Any constant shared by every process that migrates this schema.
 MIGRATION_LOCK_ID = 0x61677731  # "agw1"
+#: The retry hint sent with "session store unavailable": a restarting Postgres takes about a second or more.
+STORE_RETRY_AFTER_S = 1.0
 _MIGRATION_NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 
 #: Errors that mean "the database is not reachable now", as opposed to a bad query.
@@ -121,7 +123,7 @@ class Database:
                 f"(pool max {self.pool.get_max_size()}); retry shortly"
             ) from exc
         except CONNECTION_ERRORS as exc:
-            raise Unavailable("the session store is unavailable; retry shortly",
+            raise Unavailable("the session store is unavailable; retry shortly", retry_after_s=STORE_RETRY_AFTER_S,
                               internal=f"postgres: {type(exc).__name__}: {exc}") from exc
 
 

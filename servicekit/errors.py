@@ -98,19 +98,30 @@ class ResourceExhausted(ServiceError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
     def __init__(self, message: str, *, retry_after_s: float | None = 0.1) -> None:
-        details = []
-        if retry_after_s is not None:
-            delay = duration_pb2.Duration()
-            delay.FromNanoseconds(int(retry_after_s * 1e9))
-            details.append(error_details_pb2.RetryInfo(retry_delay=delay))
-        super().__init__(message, details=details)
+        super().__init__(message, details=_retry_info(retry_after_s))
         self.retry_after_s = retry_after_s
 
 
+def _retry_info(retry_after_s: float | None) -> list:
+    """``google.rpc.RetryInfo`` for a retry hint of ``retry_after_s`` seconds; nothing for None."""
+    if retry_after_s is None:
+        return []
+    delay = duration_pb2.Duration()
+    delay.FromNanoseconds(int(retry_after_s * 1e9))
+    return [error_details_pb2.RetryInfo(retry_delay=delay)]
+
+
 class Unavailable(ServiceError):
-    """Not able to serve now (warming up, draining, a dependency down); retry later."""
+    """Not able to serve now (warming up, draining, a dependency down); retry later.
+
+    ``retry_after_s``, when the server knows roughly how long, travels as ``google.rpc.RetryInfo``.
+    """
 
     code = grpc.StatusCode.UNAVAILABLE
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None, internal: str = "") -> None:
+        super().__init__(message, details=_retry_info(retry_after_s), internal=internal)
+        self.retry_after_s = retry_after_s
 
 
 class DeadlineExceeded(ServiceError):
