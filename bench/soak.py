@@ -5,11 +5,13 @@ Starts the stack (inference on the smoke model, retrieval on Qdrant Edge, a
 private Postgres, one gateway worker), ingests a small collection, then runs
 open-loop agent turns (`agentgw load`'s synthetic traffic) and every
 `--sample-every` seconds reads, for the gateway, inference and retrieval
-processes, RSS, open file descriptors and threads (/proc), and from the
-gateway's GetStats its asyncio tasks, its Postgres pool's open connections and
-its backend channels. After the warm-up (the first fifth of the run), RSS
+processes, RSS, open file descriptors and threads (/proc), each one's asyncio
+tasks (the gateway's from GetStats, the backends' from their Prometheus
+endpoints), and the gateway's Postgres pool's open connections and backend
+channels. After the warm-up (the first fifth of the run), RSS
 must not grow by more than 5% or 20 MiB, whichever is larger, and once the
-load stops, descriptors, tasks and connections must be back within ±2 of
+load stops, every process's descriptors and tasks and the gateway's
+connections must be back within ±2 of
 their warm-up level. Prints the samples and the verdict; exits 1 if it fails.
 
     python bench/soak.py [--duration 600] [--rate 4] [--sample-every 10] [--json bench/out/soak.json]
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+import urllib.request
 from argparse import Namespace
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,6 +39,7 @@ from agentgw.load import run as run_load
 from agentgw.load.report import summarize
 from agentgw.load.workload import synthetic
 from servicekit.procfs import open_fds, rss_bytes, thread_count
+from tests.support.servers import free_port
 
 RSS_GROWTH_SHARE = 0.05
 RSS_GROWTH_FLOOR = 20 * 2**20
@@ -48,9 +52,22 @@ class Sample:
     rss_mib: dict[str, float]
     fds: dict[str, int]
     threads: dict[str, int]
-    gateway_tasks: int
+    tasks: dict[str, int]
     db_connections: int
     channels_ready: int
+
+
+def scrape_tasks(metrics_port: int) -> int:
+    """A service's asyncio tasks, from its Prometheus endpoint (``agw_process_asyncio_tasks``); -1 if unreadable."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return -1
+    for line in text.splitlines():
+        if line.startswith("agw_process_asyncio_tasks"):
+            return int(float(line.rsplit(" ", 1)[1]))
+    return -1
 
 
 @dataclass
@@ -59,14 +76,15 @@ class Verdict:
     reasons: list[str] = field(default_factory=list)
 
 
-async def _sample(pids: dict[str, int], operator, started: float) -> Sample:
+async def _sample(pids: dict[str, int], metrics_ports: dict[str, int], operator, started: float) -> Sample:
     stats = await operator.GetStats(pb.GetStatsRequest(), timeout=10)
+    tasks = {name: await asyncio.to_thread(scrape_tasks, port) for name, port in metrics_ports.items()}
     return Sample(
         at_s=time.monotonic() - started,
         rss_mib={name: (rss_bytes(pid) or 0) / 2**20 for name, pid in pids.items()},
         fds={name: open_fds(pid) for name, pid in pids.items()},
         threads={name: thread_count(pid) for name, pid in pids.items()},
-        gateway_tasks=stats.asyncio_tasks, db_connections=stats.database.open,
+        tasks={"gateway": stats.asyncio_tasks, **tasks}, db_connections=stats.database.open,
         channels_ready=sum(c.state == "READY" for b in stats.backends for c in b.channels))
 
 
@@ -81,8 +99,8 @@ def judge(samples: list[Sample], settled: Sample) -> Verdict:
             verdict.passed = False
             verdict.reasons.append(f"{name} RSS grew {grown:.1f} MiB after warm-up (allowed {allowed:.1f})")
     checks = [(f"{name} descriptors", warm.fds[name], settled.fds[name]) for name in warm.fds]
-    checks += [("gateway asyncio tasks", warm.gateway_tasks, settled.gateway_tasks),
-               ("gateway Postgres connections", warm.db_connections, settled.db_connections)]
+    checks += [(f"{name} asyncio tasks", warm.tasks[name], settled.tasks[name]) for name in warm.tasks]
+    checks += [("gateway Postgres connections", warm.db_connections, settled.db_connections)]
     for what, before, after in checks:
         if abs(after - before) > SETTLE_SLACK:
             verdict.passed = False
@@ -90,23 +108,27 @@ def judge(samples: list[Sample], settled: Sample) -> Verdict:
     return verdict
 
 
-async def soak(connection: Connection, pids: dict[str, int], *, rate: float, duration_s: float,
-               sample_every_s: float, settle_s: float = 3.0) -> tuple[list[Sample], Sample, Verdict, dict]:
-    """Run the load and sample meanwhile; then let the stack idle and sample once more."""
+async def soak(connection: Connection, pids: dict[str, int], metrics_ports: dict[str, int], *, rate: float,
+               duration_s: float, sample_every_s: float,
+               settle_s: float = 3.0) -> tuple[list[Sample], Sample, Verdict, dict]:
+    """Run the load and sample meanwhile; then let the stack idle and sample once more.
+
+    ``metrics_ports``: the backends' Prometheus ports, for their asyncio tasks (the gateway's come from GetStats).
+    """
     turns = synthetic(rate=rate, duration_s=duration_s, tenants=[connection.identity], sessions_per_tenant=8,
                       retrieval_share=0.5, max_tokens=16, seed=1)
     args = Namespace(concurrency=None, think_time=0.0, collection="docs", timeout=60.0)
     async with connection.gateway_operator_channel() as channel:
         operator = gateway_pb2_grpc.AgentGatewayStub(channel)
         started = time.monotonic()
-        samples = [await _sample(pids, operator, started)]
+        samples = [await _sample(pids, metrics_ports, operator, started)]
         load = asyncio.ensure_future(run_load(connection, args, turns, [connection.identity]))
         while not load.done():
             await asyncio.wait({load}, timeout=sample_every_s)
-            samples.append(await _sample(pids, operator, started))
+            samples.append(await _sample(pids, metrics_ports, operator, started))
         results, elapsed = load.result()
         await asyncio.sleep(settle_s)
-        settled = await _sample(pids, operator, started)
+        settled = await _sample(pids, metrics_ports, operator, started)
     return samples, settled, judge(samples, settled), summarize(results, elapsed)
 
 
@@ -119,7 +141,7 @@ async def seed(connection: Connection) -> None:
 
 def report(samples: list[Sample], settled: Sample, verdict: Verdict, load: dict) -> None:
     rows = [{"t s": s.at_s, **{f"{n} MiB": v for n, v in s.rss_mib.items()},
-             **{f"{n} fds": v for n, v in s.fds.items()}, "gw tasks": s.gateway_tasks,
+             **{f"{n} fds": v for n, v in s.fds.items()}, **{f"{n} tasks": v for n, v in s.tasks.items()},
              "db conns": s.db_connections, "channels": s.channels_ready} for s in [*samples, settled]]
     print_table("soak: resources every sample (the last row: after the load, idle)", rows, list(rows[0]))
     print(f"load: {load['turns']} turns, statuses {load['statuses']}, first token p99 "
@@ -136,7 +158,9 @@ def main() -> int:
     args = parser.parse_args()
     root = scratch_dir("soak")
     tls = dev_pki(root)
-    with backend_processes(root, tls) as (ports, started):
+    metrics_ports = {"inference": free_port(), "retrieval": free_port()}
+    with backend_processes(root, tls, AGW_INFERENCE_METRICS_PORT=str(metrics_ports["inference"]),
+                           AGW_RETRIEVAL_METRICS_PORT=str(metrics_ports["retrieval"])) as (ports, started):
         gateway = gateway_process(root, tls, "gateway", ports)
         started.append(gateway)
         port = gateway.wait_serving()
@@ -144,7 +168,8 @@ def main() -> int:
         pids = {"gateway": gateway.pid, "inference": started[0].pid, "retrieval": started[1].pid}
         asyncio.run(seed(connection))
         samples, settled, verdict, load = asyncio.run(soak(
-            connection, pids, rate=args.rate, duration_s=args.duration, sample_every_s=args.sample_every))
+            connection, pids, metrics_ports, rate=args.rate, duration_s=args.duration,
+            sample_every_s=args.sample_every))
     report(samples, settled, verdict, load)
     print(f"command: {command_line()}")
     write_json(args.json, {"samples": [asdict(s) for s in samples], "settled": asdict(settled),

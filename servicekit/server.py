@@ -224,6 +224,10 @@ def _process_metrics(service: str) -> None:
     loop_name = type(asyncio.get_running_loop()).__module__.split(".")[0]
     gauge(meter("servicekit"), "agw.process.info", lambda: [(1, {"service": service, "event_loop": loop_name})],
           description="Always 1; its labels say which service and event loop (uvloop or asyncio) this process runs.")
+    loop = asyncio.get_running_loop()
+    gauge(meter("servicekit"), "agw.process.asyncio_tasks", lambda: [(len(asyncio.all_tasks(loop)), {"service": service})],
+          unit="{task}", description="asyncio tasks alive in this process: growth under steady load is a leak "
+                                    "(bench/soak.py watches it).")
     counter(meter("servicekit"), "agw.process.runqueue_wait", lambda: _runqueue_wait(service), unit="s",
             description="Seconds the event-loop thread was runnable but waiting for a CPU (Linux schedstat). "
                         "Growing under load means the host starves this process; see docs/architecture.md.")

@@ -16,6 +16,7 @@ import pytest
 
 from agentgw.connection import Connection
 from agentgw.supervisor import ServiceProcess
+from tests.support.servers import free_port
 
 pytestmark = pytest.mark.faults
 
@@ -32,8 +33,10 @@ def _soak_module():
 
 async def test_a_minute_of_agent_turns_leaks_nothing(tmp_path, pki, inference_service, database_url):
     soak = _soak_module()
+    retrieval_metrics = free_port()
     retrieval = ServiceProcess("retrieval.main", tmp_path / "retrieval", pki.root, "AGW_RETRIEVAL_",
-                               env={"AGW_HOME": str(tmp_path / "home")})
+                               env={"AGW_HOME": str(tmp_path / "home"),
+                                    "AGW_RETRIEVAL_METRICS_PORT": str(retrieval_metrics)})
     gateway = None
     try:
         retrieval_port = await asyncio.to_thread(retrieval.wait_serving, 120)
@@ -45,8 +48,10 @@ async def test_a_minute_of_agent_turns_leaks_nothing(tmp_path, pki, inference_se
         connection = Connection(gateway=f"127.0.0.1:{port}", tls_dir=str(pki.root), identity="dev")
         await soak.seed(connection)
         pids = {"gateway": gateway.pid, "inference": inference_service.process.pid, "retrieval": retrieval.pid}
-        samples, settled, verdict, load = await soak.soak(connection, pids, rate=3.0, duration_s=60.0,
-                                                          sample_every_s=10.0)
+        metrics_ports = {"inference": inference_service.metrics_port, "retrieval": retrieval_metrics}
+        samples, settled, verdict, load = await soak.soak(connection, pids, metrics_ports, rate=3.0,
+                                                          duration_s=60.0, sample_every_s=10.0)
+        assert all(task_count > 0 for task_count in settled.tasks.values()), settled.tasks
         soak.report(samples, settled, verdict, load)
         assert load["turns"] > 100 and load["errors"] == 0, load["statuses"]
         assert verdict.passed, verdict.reasons
