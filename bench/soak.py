@@ -11,8 +11,8 @@ endpoints), and the gateway's Postgres pool's open connections and backend
 channels. After the warm-up (the first fifth of the run), RSS
 must not grow by more than 5% or 20 MiB, whichever is larger, and once the
 load stops, every process's descriptors and tasks and the gateway's
-connections must be back within ±2 of
-their warm-up level. Prints the samples and the verdict; exits 1 if it fails.
+connections must be back within ±2 of their idle level before the load.
+Prints the samples and the verdict; exits 1 if it fails.
 
     python bench/soak.py [--duration 600] [--rate 4] [--sample-every 10] [--json bench/out/soak.json]
 
@@ -89,8 +89,12 @@ async def _sample(pids: dict[str, int], metrics_ports: dict[str, int], operator,
 
 
 def judge(samples: list[Sample], settled: Sample) -> Verdict:
-    """RSS growth after warm-up; descriptors, tasks and connections back to their warm-up level once idle."""
+    """RSS growth after warm-up; descriptors, tasks and connections back to their idle level once idle.
+
+    Counts are compared idle to idle: the first sample (the stack warmed and seeded, before the load) against
+    the one after it; a sample taken during the load holds the turns then in flight."""
     warm = samples[max(1, len(samples) // 5)]
+    idle = samples[0]
     verdict = Verdict(True)
     for name, start in warm.rss_mib.items():
         grown = max(s.rss_mib[name] for s in samples[samples.index(warm):]) - start
@@ -98,13 +102,13 @@ def judge(samples: list[Sample], settled: Sample) -> Verdict:
         if grown > allowed:
             verdict.passed = False
             verdict.reasons.append(f"{name} RSS grew {grown:.1f} MiB after warm-up (allowed {allowed:.1f})")
-    checks = [(f"{name} descriptors", warm.fds[name], settled.fds[name]) for name in warm.fds]
-    checks += [(f"{name} asyncio tasks", warm.tasks[name], settled.tasks[name]) for name in warm.tasks]
-    checks += [("gateway Postgres connections", warm.db_connections, settled.db_connections)]
+    checks = [(f"{name} descriptors", idle.fds[name], settled.fds[name]) for name in idle.fds]
+    checks += [(f"{name} asyncio tasks", idle.tasks[name], settled.tasks[name]) for name in idle.tasks]
+    checks += [("gateway Postgres connections", idle.db_connections, settled.db_connections)]
     for what, before, after in checks:
         if abs(after - before) > SETTLE_SLACK:
             verdict.passed = False
-            verdict.reasons.append(f"{what}: {before} at warm-up, {after} once idle (allowed ±{SETTLE_SLACK})")
+            verdict.reasons.append(f"{what}: {before} idle before the load, {after} idle after (allowed ±{SETTLE_SLACK})")
     return verdict
 
 

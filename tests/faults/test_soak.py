@@ -1,8 +1,8 @@
 """The 60-second soak: bench/soak.py's check, in CI, on real processes (vLLM, Qdrant Edge, Postgres, the gateway).
 
 After warm-up no process's RSS grows past 5% or 20 MiB, and once the load
-stops the gateway's descriptors, asyncio tasks and Postgres connections are
-back within ±2 of their warm-up level. The 10-minute run is
+stops every process's descriptors and asyncio tasks, and the gateway's
+Postgres connections, are back within ±2 of their idle level before it. The 10-minute run is
 ``python bench/soak.py``; its figures are in docs/reliability.md.
 """
 
