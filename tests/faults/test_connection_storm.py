@@ -42,6 +42,8 @@ async def test_a_connection_storm_leaves_turns_running_and_no_descriptors_behind
             scripted_app(pki.root) as (inference, _):
         gateway = ServiceProcess("gateway.main", tmp_path / "gateway", pki.root, "AGW_GATEWAY_", env={
             "AGW_GATEWAY_WORKERS": "1", "AGW_DATABASE_URL": database_url,
+            # Admission is not under test: every storm call must be let in.
+            "AGW_GATEWAY_MAX_IN_FLIGHT": "256", "AGW_GATEWAY_MAX_IN_FLIGHT_PER_TENANT": "256",
             "AGW_GATEWAY_INFERENCE_TARGET": f"127.0.0.1:{inference.port}",
             "AGW_GATEWAY_RETRIEVAL_TARGET": f"127.0.0.1:{retrieval.port}"})
         try:
