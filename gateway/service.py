@@ -37,9 +37,9 @@ from gateway.convert import message_to_proto, session_to_proto, turn_event_to_pr
 from gateway.database import embedded_postgres_url, open_database
 from gateway.sessions import Sessions
 from gateway.settings import GatewaySettings
-from gateway.turn_types import Delta
 from gateway.stream_writer import CoalescingWriter, merge_text
 from gateway.tenancy import DEV_IDENTITY, cache_salt_for, current_tenant, physical_collection
+from gateway.turn_types import Delta
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("agent-gateway.gateway")

@@ -106,7 +106,7 @@ class Liveness:
     """
 
     every_s: float = 1.0
-    timeout_s: float = 1.0
+    timeout_s: float = 2.0
     failures: int = 2
 
     @property
