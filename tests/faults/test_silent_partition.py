@@ -6,7 +6,7 @@ connection and replace it, ending the calls on it with UNAVAILABLE (gRPC's
 keepalive alone did not: on grpcio 1.85 a ping written into a connection
 whose peer reads nothing more was never timed out here, and calls waited for
 their whole deadline). After detection, calls fail at once; once the path
-flows again, turns succeed without a restart. Keepalive is 2 s + 1 s and the
+flows again, turns succeed without a restart. Keepalive is 3 s + 1 s and the
 probes 0.5 s + 0.5 s so that the test takes seconds; the bound scales with
 the settings.
 """
@@ -27,8 +27,8 @@ from tests.support.tcp_relay import TcpRelay
 
 pytestmark = pytest.mark.faults
 
-KEEPALIVE = {"keepalive_time_s": 2.0, "keepalive_timeout_s": 1.0}
-BOUND_S = 2.0 + 1.0 + 1.0
+KEEPALIVE = {"keepalive_time_s": 3.0, "keepalive_timeout_s": 1.0}
+BOUND_S = 3.0 + 1.0 + 1.0
 #: The gateway's liveness probes, scaled down with keepalive (defaults 1 s and 1 s against 20 s + 10 s).
 PROBES = {"backend_probe_s": 0.5, "backend_probe_timeout_s": 0.5}
 

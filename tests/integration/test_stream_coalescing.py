@@ -52,7 +52,7 @@ def _expected(tokens: int, pad: int) -> str:
 
 async def test_a_client_that_keeps_up_gets_every_delta_as_sent(stack):
     stub, _, _ = stack
-    events = [e async for e in stub.Chat(pb.ChatRequest(message="tokens=20 delay=0.03"), timeout=20)]
+    events = [e async for e in stub.Chat(pb.ChatRequest(message="tokens=20 delay=0.05"), timeout=20)]
     deltas = [e.delta.text for e in events if e.WhichOneof("event") == "delta"]
     assert deltas == [f"t{i} " for i in range(20)]  # nothing merged, nothing held
     assert events[-1].WhichOneof("event") == "final"
