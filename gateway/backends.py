@@ -66,36 +66,19 @@ class Backends:
     def pools(self) -> tuple[ChannelPool, ...]:
         return (self.inference, self.retrieval)
 
-    async def _unary(self, pool: ChannelPool, stub_class, method: str, request, context):
+    async def _unary(self, pool: ChannelPool, stub_class, method: str, request, context, *, raw=None):
+        """One unary call on ``pool``; ``raw``: the method's descriptor, to get the response as the backend's bytes."""
         timeout = self.deadlines.for_call(context)
-        with pool.use() as pooled:
-            generation = pooled.generation
-            try:
-                return await getattr(pooled.stub(stub_class), method)(
-                    request, timeout=timeout, metadata=outgoing_metadata())
-            except grpc.aio.AioRpcError as exc:
-                raise backend_error(exc, pool, pooled, generation) from None
-            except asyncio.CancelledError:
-                if pooled.generation == generation:
-                    raise
-                raise stalled_error(pool, pooled) from None
+        with pool.use() as pooled, BackendErrors(pool, pooled):
+            call = pooled.raw(raw) if raw is not None else getattr(pooled.stub(stub_class), method)
+            return await call(request, timeout=timeout, metadata=outgoing_metadata())
 
     async def search(self, request: retrieval_pb2.SearchRequest, context) -> retrieval_pb2.SearchResponse:
         return await self._unary(self.retrieval, retrieval_pb2_grpc.RetrievalStub, "Search", request, context)
 
     async def search_bytes(self, request: retrieval_pb2.SearchRequest, context) -> bytes:
         """A search whose response stays the retrieval service's serialised SearchResponse (passed through)."""
-        timeout = self.deadlines.for_call(context)
-        with self.retrieval.use() as pooled:
-            generation = pooled.generation
-            try:
-                return await pooled.raw(_SEARCH)(request, timeout=timeout, metadata=outgoing_metadata())
-            except grpc.aio.AioRpcError as exc:
-                raise backend_error(exc, self.retrieval, pooled, generation) from None
-            except asyncio.CancelledError:
-                if pooled.generation == generation:
-                    raise
-                raise stalled_error(self.retrieval, pooled) from None
+        return await self._unary(self.retrieval, None, "Search", request, context, raw=_SEARCH)
 
     async def get_collection(self, name: str, context) -> retrieval_pb2.GetCollectionResponse:
         return await self._unary(self.retrieval, retrieval_pb2_grpc.RetrievalStub, "GetCollection",
@@ -155,6 +138,31 @@ def stalled_error(pool: ChannelPool, pooled: PooledChannel) -> Unavailable:
                        internal=f"{pool.describe()}: call ended when channel {pooled.index} was replaced")
 
 
+class BackendErrors:
+    """Around a backend call's await: its failure becomes our error (``backend_error``), and a cancellation
+    caused by a liveness probe replacing the channel (closing a channel cancels its calls) becomes
+    UNAVAILABLE; our own task's cancellation stays one. A class, not a generator: it wraps every read."""
+
+    __slots__ = ("_pool", "_pooled", "_generation")
+
+    def __init__(self, pool: ChannelPool, pooled: PooledChannel) -> None:
+        self._pool = pool
+        self._pooled = pooled
+        self._generation = pooled.generation
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is None:
+            return False
+        if issubclass(exc_type, grpc.aio.AioRpcError):
+            raise backend_error(exc, self._pool, self._pooled, self._generation) from None
+        if issubclass(exc_type, asyncio.CancelledError) and self._pooled.generation != self._generation:
+            raise stalled_error(self._pool, self._pooled) from None
+        return False
+
+
 class StartedStream:
     """A server-streaming backend call already under way, on a pooled channel.
 
@@ -170,6 +178,7 @@ class StartedStream:
         self._pool = pool
         self._pooled = pooled
         self._generation = pooled.generation
+        self._errors = BackendErrors(pool, pooled)
 
     async def send_prefix(self, messages: list[inference_pb2.ChatMessage],
                           tools: tuple[inference_pb2.Tool, ...] = ()) -> None:
@@ -197,15 +206,8 @@ class StartedStream:
     async def __anext__(self):
         # read(), not the call's own iterator: no generator layer per message,
         # and nothing left suspended for the garbage collector on an early exit.
-        try:
+        with self._errors:
             message = await self._call.read()
-        except grpc.aio.AioRpcError as exc:
-            raise backend_error(exc, self._pool, self._pooled, self._generation) from None
-        except asyncio.CancelledError:
-            # Closing a channel cancels its calls this way; our own task's cancellation too, and stays one.
-            if self._pooled.generation == self._generation:
-                raise
-            raise stalled_error(self._pool, self._pooled) from None
         if message is grpc.aio.EOF:
             raise StopAsyncIteration
         self._pooled.received()
