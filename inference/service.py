@@ -45,9 +45,11 @@ INFERENCE_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["Inference"]
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     """Serves one engine; the app attaches it once warm."""
 
-    def __init__(self, trace_content: bool = False) -> None:
+    def __init__(self, trace_content: bool = False, *, replica_name: str = "", load_watch_interval_ms: int = 100) -> None:
         self.engine: Engine | None = None
         self.trace_content = trace_content
+        self.replica_name = replica_name
+        self.load_watch_interval_ms = load_watch_interval_ms
         # Abort tasks started from done-callbacks, kept so they are not
         # garbage-collected mid-flight.
         self._aborts: set[asyncio.Task] = set()
@@ -160,6 +162,26 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     async def GetLoad(self, request, context):
         return load_to_proto(self._engine().load())
 
+    async def WatchLoad(self, request, context):
+        """The load at once, then on each change, at most one message per interval.
+
+        The engine's load is in memory here (its in-flight requests and the
+        scheduler's last snapshot), so reading it each interval costs nothing
+        that a change notification would save, and keeps the engine's request
+        path free of watcher bookkeeping.
+        """
+        interval_s = max(request.interval_ms, self.load_watch_interval_ms) / 1000
+        last = None
+        while True:
+            load = self._engine().load()
+            current = (load.running, load.waiting, round(load.kv_cache_usage, 2))
+            if current != last:
+                await context.write(inference_pb2.WatchLoadResponse(
+                    running_requests=load.running, waiting_requests=load.waiting,
+                    kv_cache_usage=load.kv_cache_usage, replica=self.replica_name))
+                last = current
+            await asyncio.sleep(interval_s)
+
 
 def _prompt_text(prompt: PromptInput) -> str:
     if prompt.messages is not None:
@@ -212,7 +234,8 @@ class InferenceApp:
 
     def __init__(self, settings: InferenceSettings) -> None:
         self.settings = settings
-        self.servicer = InferenceServicer(trace_content=settings.trace_content)
+        self.servicer = InferenceServicer(trace_content=settings.trace_content, replica_name=settings.replica_name,
+                                           load_watch_interval_ms=settings.load_watch_interval_ms)
 
     def register(self, server) -> None:
         inference_pb2_grpc.add_InferenceServicer_to_server(self.servicer, server)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Literal
 
@@ -54,6 +55,11 @@ class InferenceSettings(ServiceSettings):
         "auto", description="vLLM tool parser for tool_choice AUTO (e.g. hermes, llama3_json, mistral); auto reads "
         "the chat template, none disables parsing.")
     constraint_cache_size: int = Field(256, gt=0, description="Compiled structured-output constraints kept, by text.")
+    replica_name: str = Field(
+        default_factory=socket.gethostname, description="A stable name for this replica, sent on WatchLoad: "
+        "gateways that find replicas through DNS rank them by it (default the host name, a StatefulSet pod's name).")
+    load_watch_interval_ms: int = Field(
+        100, ge=100, description="Least time between two WatchLoad messages (a caller may ask for longer).")
     warm_schemas_file: Path | None = Field(
         None, description="A JSON file holding a list of JSON Schemas compiled into the cache at start.")
 

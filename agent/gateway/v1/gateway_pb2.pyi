@@ -310,19 +310,47 @@ class ChannelStats(_message.Message):
     def __init__(self, index: _Optional[int] = ..., state: _Optional[str] = ..., calls: _Optional[int] = ..., in_flight: _Optional[int] = ..., connection_attempts: _Optional[int] = ..., connections_ready: _Optional[int] = ...) -> None: ...
 
 class BackendStats(_message.Message):
-    __slots__ = ("name", "target", "serving", "channels")
+    __slots__ = ("name", "target", "serving", "channels", "replica")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     SERVING_FIELD_NUMBER: _ClassVar[int]
     CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
     name: str
     target: str
     serving: bool
     channels: _containers.RepeatedCompositeFieldContainer[ChannelStats]
-    def __init__(self, name: _Optional[str] = ..., target: _Optional[str] = ..., serving: _Optional[bool] = ..., channels: _Optional[_Iterable[_Union[ChannelStats, _Mapping]]] = ...) -> None: ...
+    replica: ReplicaStats
+    def __init__(self, name: _Optional[str] = ..., target: _Optional[str] = ..., serving: _Optional[bool] = ..., channels: _Optional[_Iterable[_Union[ChannelStats, _Mapping]]] = ..., replica: _Optional[_Union[ReplicaStats, _Mapping]] = ...) -> None: ...
+
+class ReplicaStats(_message.Message):
+    __slots__ = ("name", "routable", "running_requests", "waiting_requests", "kv_cache_usage", "routed_affinity", "routed_spill", "routed_retry", "routed_balanced", "prompt_tokens", "cached_prompt_tokens")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ROUTABLE_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
+    ROUTED_AFFINITY_FIELD_NUMBER: _ClassVar[int]
+    ROUTED_SPILL_FIELD_NUMBER: _ClassVar[int]
+    ROUTED_RETRY_FIELD_NUMBER: _ClassVar[int]
+    ROUTED_BALANCED_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    routable: bool
+    running_requests: int
+    waiting_requests: int
+    kv_cache_usage: float
+    routed_affinity: int
+    routed_spill: int
+    routed_retry: int
+    routed_balanced: int
+    prompt_tokens: int
+    cached_prompt_tokens: int
+    def __init__(self, name: _Optional[str] = ..., routable: _Optional[bool] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., routed_affinity: _Optional[int] = ..., routed_spill: _Optional[int] = ..., routed_retry: _Optional[int] = ..., routed_balanced: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("backends", "in_flight", "admitted", "rejected", "worker_pid", "database", "event_loop", "workers", "cpu_count", "limits", "asyncio_tasks", "open_fds")
+    __slots__ = ("backends", "in_flight", "admitted", "rejected", "worker_pid", "database", "event_loop", "workers", "cpu_count", "limits", "asyncio_tasks", "open_fds", "inference_routing")
     BACKENDS_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     ADMITTED_FIELD_NUMBER: _ClassVar[int]
@@ -335,6 +363,7 @@ class GetStatsResponse(_message.Message):
     LIMITS_FIELD_NUMBER: _ClassVar[int]
     ASYNCIO_TASKS_FIELD_NUMBER: _ClassVar[int]
     OPEN_FDS_FIELD_NUMBER: _ClassVar[int]
+    INFERENCE_ROUTING_FIELD_NUMBER: _ClassVar[int]
     backends: _containers.RepeatedCompositeFieldContainer[BackendStats]
     in_flight: int
     admitted: int
@@ -347,7 +376,8 @@ class GetStatsResponse(_message.Message):
     limits: PublicLimits
     asyncio_tasks: int
     open_fds: int
-    def __init__(self, backends: _Optional[_Iterable[_Union[BackendStats, _Mapping]]] = ..., in_flight: _Optional[int] = ..., admitted: _Optional[int] = ..., rejected: _Optional[int] = ..., worker_pid: _Optional[int] = ..., database: _Optional[_Union[DatabaseStats, _Mapping]] = ..., event_loop: _Optional[str] = ..., workers: _Optional[int] = ..., cpu_count: _Optional[int] = ..., limits: _Optional[_Union[PublicLimits, _Mapping]] = ..., asyncio_tasks: _Optional[int] = ..., open_fds: _Optional[int] = ...) -> None: ...
+    inference_routing: str
+    def __init__(self, backends: _Optional[_Iterable[_Union[BackendStats, _Mapping]]] = ..., in_flight: _Optional[int] = ..., admitted: _Optional[int] = ..., rejected: _Optional[int] = ..., worker_pid: _Optional[int] = ..., database: _Optional[_Union[DatabaseStats, _Mapping]] = ..., event_loop: _Optional[str] = ..., workers: _Optional[int] = ..., cpu_count: _Optional[int] = ..., limits: _Optional[_Union[PublicLimits, _Mapping]] = ..., asyncio_tasks: _Optional[int] = ..., open_fds: _Optional[int] = ..., inference_routing: _Optional[str] = ...) -> None: ...
 
 class PublicLimits(_message.Message):
     __slots__ = ("max_concurrent_streams", "max_connection_idle_ms", "max_connection_age_ms", "max_receive_bytes", "max_in_flight", "max_in_flight_per_tenant")

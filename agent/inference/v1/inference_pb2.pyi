@@ -277,3 +277,21 @@ class GetLoadResponse(_message.Message):
     kv_cache_usage: float
     generated_tokens_total: int
     def __init__(self, running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., generated_tokens_total: _Optional[int] = ...) -> None: ...
+
+class WatchLoadRequest(_message.Message):
+    __slots__ = ("interval_ms",)
+    INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    interval_ms: int
+    def __init__(self, interval_ms: _Optional[int] = ...) -> None: ...
+
+class WatchLoadResponse(_message.Message):
+    __slots__ = ("running_requests", "waiting_requests", "kv_cache_usage", "replica")
+    RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    running_requests: int
+    waiting_requests: int
+    kv_cache_usage: float
+    replica: str
+    def __init__(self, running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., replica: _Optional[str] = ...) -> None: ...

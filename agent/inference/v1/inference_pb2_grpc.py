@@ -60,6 +60,11 @@ class InferenceStub:
                 request_serializer=agent_dot_inference_dot_v1_dot_inference__pb2.GetLoadRequest.SerializeToString,
                 response_deserializer=agent_dot_inference_dot_v1_dot_inference__pb2.GetLoadResponse.FromString,
                 _registered_method=True)
+        self.WatchLoad = channel.unary_stream(
+                '/agent.inference.v1.Inference/WatchLoad',
+                request_serializer=agent_dot_inference_dot_v1_dot_inference__pb2.WatchLoadRequest.SerializeToString,
+                response_deserializer=agent_dot_inference_dot_v1_dot_inference__pb2.WatchLoadResponse.FromString,
+                _registered_method=True)
 
 
 class InferenceServicer:
@@ -113,6 +118,16 @@ class InferenceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchLoad(self, request, context):
+        """WatchLoad streams the engine's load: a first message at once, then one
+        whenever the running or waiting requests or the KV cache usage (to 1%)
+        change, at most one per interval. The gateway routes across replicas by
+        it, instead of polling GetLoad.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InferenceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -140,6 +155,11 @@ def add_InferenceServicer_to_server(servicer, server):
                     servicer.GetLoad,
                     request_deserializer=agent_dot_inference_dot_v1_dot_inference__pb2.GetLoadRequest.FromString,
                     response_serializer=agent_dot_inference_dot_v1_dot_inference__pb2.GetLoadResponse.SerializeToString,
+            ),
+            'WatchLoad': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchLoad,
+                    request_deserializer=agent_dot_inference_dot_v1_dot_inference__pb2.WatchLoadRequest.FromString,
+                    response_serializer=agent_dot_inference_dot_v1_dot_inference__pb2.WatchLoadResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -278,6 +298,33 @@ class Inference:
             '/agent.inference.v1.Inference/GetLoad',
             agent_dot_inference_dot_v1_dot_inference__pb2.GetLoadRequest.SerializeToString,
             agent_dot_inference_dot_v1_dot_inference__pb2.GetLoadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchLoad(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/agent.inference.v1.Inference/WatchLoad',
+            agent_dot_inference_dot_v1_dot_inference__pb2.WatchLoadRequest.SerializeToString,
+            agent_dot_inference_dot_v1_dot_inference__pb2.WatchLoadResponse.FromString,
             options,
             channel_credentials,
             insecure,
