@@ -22,7 +22,7 @@ from servicekit.errors import ResourceExhausted
 from servicekit.metrics import meter
 
 _REJECTIONS = meter("gateway").create_counter(
-    "agw.admission.rejections", description="Calls refused at admission, by reason (tenant, capacity or backend).")
+    "agw.admission.rejections", description="Calls refused at admission, by reason (tenant or capacity).")
 
 
 class Admission:
@@ -45,8 +45,6 @@ class Admission:
         self.rejected = 0
         #: Streams in flight per tenant (tenants with none are not listed).
         self.tenants: dict[str, int] = {}
-        #: Set by the inference load watcher when its queue is past the bound.
-        self.backend_saturated: str | None = None
 
     def tenant_bound(self, tenant: str) -> int:
         """How many streams ``tenant`` may hold at once in this process (0: unbounded)."""
@@ -76,10 +74,6 @@ class Admission:
                 f"{self.max_in_flight}); retry shortly or on another replica",
                 retry_after_s=self.retry_after_s,
             )
-        if self.backend_saturated:
-            self.rejected += 1
-            _REJECTIONS.add(1, {"reason": "backend"})
-            raise ResourceExhausted(self.backend_saturated, retry_after_s=self.retry_after_s * 4)
         self.in_flight += 1
         self.admitted += 1
         self.tenants[tenant] = held + 1

@@ -4,27 +4,36 @@ Every backend call carries the caller's remaining deadline less a margin (or
 the configured default), runs on a pooled channel, and turns a backend's
 failure into our own error with its status kept: a backend's UNAVAILABLE
 reaches the client as UNAVAILABLE, never UNKNOWN.
+
+Inference calls go to the replica a :class:`Route` names (``gateway.routing``
+chooses it); a call that failed UNAVAILABLE before its first message may be
+sent once more, to the next replica (:meth:`Backends.reroute`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, ExitStack, asynccontextmanager
+from dataclasses import dataclass
 
 import grpc
+from opentelemetry import trace
 
 from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from agent.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from servicekit.channels import ChannelSpec
-from servicekit.errors import DeadlineExceeded, Unavailable, from_rpc_error
+from servicekit.errors import DeadlineExceeded, ServiceError, Unavailable, from_rpc_error
+from servicekit.metrics import meter
+from servicekit.pool import ChannelPool, Liveness, PooledChannel
 from servicekit.tasks import cancel_and_wait
 from servicekit.telemetry import outgoing_metadata
 from servicekit.tls import CertificateFiles, ClientTls
 
-from gateway.admission import Admission
-from servicekit.pool import ChannelPool, Liveness, PooledChannel
+from gateway.replicas import Replica, Replicas
+from gateway.routing import Policy, Reason, Router
 from gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
@@ -32,6 +41,25 @@ log = logging.getLogger(__name__)
 INFERENCE_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["Inference"]
 RETRIEVAL_SERVICE = retrieval_pb2.DESCRIPTOR.services_by_name["Retrieval"]
 _SEARCH = RETRIEVAL_SERVICE.methods_by_name["Search"]
+_ROUTED = meter("gateway").create_counter(
+    "agw.routing.calls", description="Inference calls routed, by replica and reason (affinity, spill, retry, balanced).")
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where an inference call goes: the replica, why, the call's routing key, and the replicas tried before."""
+
+    key: bytes
+    replica: Replica
+    reason: Reason
+    tried: tuple[Replica, ...] = ()
+
+    def note(self, span=None) -> None:
+        """Count the routing and put it on ``span`` (the current one by default)."""
+        self.replica.routed[self.reason] += 1
+        _ROUTED.add(1, {"replica": self.replica.name, "reason": self.reason.value})
+        (span or trace.get_current_span()).set_attributes({
+            "agw.inference.replica": self.replica.name, "agw.inference.route_reason": self.reason.value})
 
 
 class Deadlines:
@@ -52,9 +80,9 @@ class Deadlines:
 
 
 class Backends:
-    """The two backend pools and typed calls on them."""
+    """The inference replicas, the retrieval pool, and typed calls on them."""
 
-    def __init__(self, inference: ChannelPool, retrieval: ChannelPool, deadlines: Deadlines) -> None:
+    def __init__(self, inference: Replicas, retrieval: ChannelPool, deadlines: Deadlines) -> None:
         self.inference = inference
         self.retrieval = retrieval
         self.deadlines = deadlines
@@ -64,7 +92,30 @@ class Backends:
 
     @property
     def pools(self) -> tuple[ChannelPool, ...]:
-        return (self.inference, self.retrieval)
+        return (*self.inference.pools, self.retrieval)
+
+    @property
+    def ready(self) -> bool:
+        """Retrieval SERVING and an inference replica routable: the gateway may serve."""
+        return self.retrieval.serving and any(r.routable for r in self.inference.replicas.values())
+
+    def route(self, key: bytes) -> Route:
+        """The replica for a call with routing key ``key`` (``gateway.routing``)."""
+        choice = self.inference.choose(key)
+        return Route(key, choice.replica, choice.reason)
+
+    def reroute(self, route: Route, error: ServiceError) -> Route | None:
+        """The retry of a call that failed with ``error`` before its first message: once, on another replica,
+        and only for UNAVAILABLE (the replica went away or stopped serving; nothing was generated)."""
+        if error.code != grpc.StatusCode.UNAVAILABLE or route.tried:
+            return None
+        try:
+            choice = self.inference.choose(route.key, exclude=(route.replica,))
+        except ServiceError:
+            return None
+        log.warning("inference replica %s failed before the first token (%s); retrying on %s",
+                    route.replica.name, error.message, choice.replica.name)
+        return Route(route.key, choice.replica, Reason.RETRY, (route.replica,))
 
     async def _unary(self, pool: ChannelPool, stub_class, method: str, request, context, *, raw=None):
         """One unary call on ``pool``; ``raw``: the method's descriptor, to get the response as the backend's bytes."""
@@ -91,39 +142,37 @@ class Backends:
     async def upsert(self, request: retrieval_pb2.UpsertRequest, context) -> retrieval_pb2.UpsertResponse:
         return await self._unary(self.retrieval, retrieval_pb2_grpc.RetrievalStub, "Upsert", request, context)
 
-    async def get_load(self, context=None) -> inference_pb2.GetLoadResponse:
-        return await self._unary(self.inference, inference_pb2_grpc.InferenceStub, "GetLoad",
-                                 inference_pb2.GetLoadRequest(), context)
-
-    def _start(self, method: str, *request, context, raw: bool = False) -> StartedStream:
+    def _start(self, method: str, *request, route: Route, context, raw: bool = False) -> StartedStream:
         timeout = self.deadlines.for_call(context)
+        pool = route.replica.pool
         slot = ExitStack()
-        pooled = slot.enter_context(self.inference.use())
+        pooled = slot.enter_context(pool.use())
         start = (pooled.raw(INFERENCE_SERVICE.methods_by_name[method]) if raw
                  else getattr(pooled.stub(inference_pb2_grpc.InferenceStub), method))
         call = start(*request, timeout=timeout, metadata=outgoing_metadata())
-        return StartedStream(call, slot, self.inference, pooled)
+        route.note()
+        return StartedStream(call, slot, pool, pooled)
 
-    def start_generate(self, request: inference_pb2.GenerateRequest, context) -> StartedStream:
+    def start_generate(self, request: inference_pb2.GenerateRequest, context, route: Route) -> StartedStream:
         """Start a Generate call now: it goes out the next time the event loop runs.
 
         For a caller with its own writes to do before it reads (Chat's context
         event): ``await asyncio.sleep(0)`` after this sends the request first,
         so the engine's prefill overlaps those writes instead of following them.
         """
-        return self._start("Generate", request, context=context)
+        return self._start("Generate", request, route=route, context=context)
 
-    def start_generate_bytes(self, request: inference_pb2.GenerateRequest, context) -> StartedStream:
+    def start_generate_bytes(self, request: inference_pb2.GenerateRequest, context, route: Route) -> StartedStream:
         """:meth:`start_generate` whose messages stay the inference service's bytes (passed through unparsed)."""
-        return self._start("Generate", request, context=context, raw=True)
+        return self._start("Generate", request, route=route, context=context, raw=True)
 
-    def open_generate(self, context) -> StartedStream:
+    def open_generate(self, context, route: Route) -> StartedStream:
         """Open an inference call whose prompt follows (:meth:`StartedStream.send_prefix`, then :meth:`StartedStream.send`).
 
         The call's setup (the stream, its headers, the server's dispatch) then
         happens while the caller still builds its prompt, not after.
         """
-        return self._start("OpenGenerate", context=context)
+        return self._start("OpenGenerate", route=route, context=context)
 
 
 def backend_error(exc: grpc.aio.AioRpcError, pool: ChannelPool, pooled: PooledChannel, generation: int):
@@ -231,37 +280,49 @@ def _spec(settings: GatewaySettings, target: str, service, tls: ClientTls | None
     )
 
 
-async def _watch_inference_load(backends: Backends, admission: Admission, bound: int, every_s: float) -> None:
-    """Admission's optional look at the inference queue."""
-    while True:
-        try:
-            load = await backends.get_load()
-            admission.backend_saturated = (
-                f"inference queue holds {load.waiting_requests} requests "
-                f"(AGW_GATEWAY_MAX_INFERENCE_WAITING={bound}); retry shortly"
-                if load.waiting_requests >= bound else None
-            )
-        except Exception as exc:  # noqa: BLE001 - a failed poll must not stop polling
-            log.debug("GetLoad poll failed: %s", exc)
-            admission.backend_saturated = None
-        await asyncio.sleep(every_s)
-
-
-async def _follow_certificates(certificates: CertificateFiles, pools, server_name: str | None,
+async def _follow_certificates(certificates: CertificateFiles, targets, server_name: str | None,
                                every_s: float) -> None:
-    """Renewed gateway certificate files: new connections for every pool, the old ones drained."""
+    """Renewed gateway certificate files: new connections for every pool (``reload_tls``), the old ones drained."""
     while True:
         await asyncio.sleep(every_s)
         material = await asyncio.to_thread(certificates.refresh)  # file reads stay off the event loop
         if material is not None:
             tls = ClientTls.from_material(material, server_name=server_name)
-            for pool in pools:
-                pool.reload_tls(tls)
+            for target in targets:
+                target.reload_tls(tls)
+
+
+def _pool(settings: GatewaySettings, name: str, target: str, service, tls: ClientTls) -> ChannelPool:
+    return ChannelPool(name, _spec(settings, target, service, tls), settings.channels_per_backend,
+                       health_service=service.full_name, drain_s=settings.default_deadline_s,
+                       liveness=Liveness(settings.backend_probe_s, settings.backend_probe_timeout_s)
+                       if settings.backend_probe_s else None)
+
+
+def _replicas(settings: GatewaySettings, tls: ClientTls) -> Replicas:
+    """The inference replicas, each opened as a pool is (waiting for it at start only as on_backend_down says)."""
+
+    async def open_pool(address: str, server_name: str | None, tls: ClientTls, first: bool) -> ChannelPool:
+        pool = _pool(settings, "inference", address, INFERENCE_SERVICE, dataclasses.replace(tls, server_name=server_name))
+        await pool.start(connect_timeout_s=settings.connect_timeout_s,
+                         wait=not first or settings.on_backend_down == "wait")
+        log.info("%s: %d channels", pool.describe(), settings.channels_per_backend)
+        return pool
+
+    def load(replica: Replica) -> int:
+        return replica.load
+
+    router = Router(Policy(settings.inference_routing), lambda replica: replica.key, load,
+                    margin=settings.routing_load_margin)
+    return Replicas(settings.inference_target_list, open_pool, router, tls=tls,
+                    max_waiting=settings.max_inference_waiting, resolve_s=settings.inference_resolve_s,
+                    server_name=settings.backend_server_name)
 
 
 @asynccontextmanager
-async def open_backends(settings: GatewaySettings, admission: Admission) -> AsyncIterator[Backends]:
-    """Open and warm both pools (and the load and certificate watchers); close them in reverse.
+async def open_backends(settings: GatewaySettings) -> AsyncIterator[Backends]:
+    """Open and warm the inference replicas' pools and the retrieval pool (and the certificate watcher);
+    close them in reverse.
 
     The gateway presents its own service identity (``AGW_GATEWAY_IDENTITY``)
     to the backends, from the same folder as the certificate it serves with.
@@ -269,26 +330,18 @@ async def open_backends(settings: GatewaySettings, admission: Admission) -> Asyn
     certificates = CertificateFiles(settings.identity_files, check_every_s=0)
     tls = ClientTls.from_material(certificates.current, server_name=settings.backend_server_name)
     async with AsyncExitStack() as stack:
-        pools = []
-        for name, target, service in (
-            ("inference", settings.inference_target, INFERENCE_SERVICE),
-            ("retrieval", settings.retrieval_target, RETRIEVAL_SERVICE),
-        ):
-            pool = ChannelPool(name, _spec(settings, target, service, tls), settings.channels_per_backend,
-                               health_service=service.full_name, drain_s=settings.default_deadline_s,
-                               liveness=Liveness(settings.backend_probe_s, settings.backend_probe_timeout_s)
-                               if settings.backend_probe_s else None)
-            await pool.start(connect_timeout_s=settings.connect_timeout_s, wait=settings.on_backend_down == "wait")
-            stack.push_async_callback(pool.close)
-            pools.append(pool)
-            log.info("%s: %d channels, READY", pool.describe(), settings.channels_per_backend)
-        backends = Backends(*pools, deadlines=Deadlines(settings.default_deadline_s, settings.deadline_margin_ms))
+        inference = _replicas(settings, tls)
+        stack.push_async_callback(inference.close)
+        await inference.start()
+        retrieval = _pool(settings, "retrieval", settings.retrieval_target, RETRIEVAL_SERVICE, tls)
+        await retrieval.start(connect_timeout_s=settings.connect_timeout_s, wait=settings.on_backend_down == "wait")
+        stack.push_async_callback(retrieval.close)
+        log.info("%s: %d channels", retrieval.describe(), settings.channels_per_backend)
+        backends = Backends(inference, retrieval, deadlines=Deadlines(settings.default_deadline_s,
+                                                                     settings.deadline_margin_ms))
         if settings.tls_reload_s > 0:
             follower = asyncio.create_task(_follow_certificates(
-                certificates, pools, settings.backend_server_name, settings.tls_reload_s), name="gateway-certificates")
+                certificates, (inference, retrieval), settings.backend_server_name, settings.tls_reload_s),
+                name="gateway-certificates")
             stack.push_async_callback(cancel_and_wait, follower)
-        if settings.max_inference_waiting:
-            watcher = asyncio.create_task(_watch_inference_load(
-                backends, admission, settings.max_inference_waiting, settings.load_poll_s))
-            stack.push_async_callback(cancel_and_wait, watcher)
         yield backends

@@ -44,6 +44,7 @@ from gateway.database import Database
 from gateway.generation_call import GenerationCall
 from gateway.history import history_window
 from gateway.convert import tool_calls_to_json
+from gateway.routing import prefix_key, session_key
 from gateway.prompt import conversation, generate_request, history_messages, turn_messages, user_turn
 from gateway.settings import GatewaySettings
 from gateway.tenancy import cache_salt_for, physical_collection
@@ -187,7 +188,7 @@ class ChatTurns:
             claim = owned
 
         turn = _Turn(request, tenant, timings, request.system_prompt or self.settings.default_system_prompt)
-        call = GenerationCall(self.backends, context)
+        call = GenerationCall(self.backends, context, self._route_key(turn))
         stored = False
         try:
             try:
@@ -202,6 +203,13 @@ class ChatTurns:
             if claim is not None and not stored:
                 self._release_later(claim)
         yield Finished(final)
+
+    def _route_key(self, turn: _Turn) -> bytes:
+        """Which replica the turn's call goes to: known at once, so the call can open before the history loads."""
+        salt = cache_salt_for(self.settings.prefix_cache, turn.tenant)
+        if turn.request.session_id is not None:
+            return session_key(salt, str(turn.request.session_id))
+        return prefix_key(salt, [turn.system_prompt, turn.request.message], self.settings.routing_prefix_chars)
 
     async def _stages(self, turn: _Turn, session_id: uuid.UUID | None, call: GenerationCall, context) -> None:
         """History and retrieval at once, each within its budget, while the inference call opens."""
@@ -280,7 +288,7 @@ class ChatTurns:
         history = turn.history
         try:
             while True:
-                early = call.opened_early
+                early, received = call.opened_early, False
                 try:
                     # Leaving the block (done, failed, or the turn closed mid-stream) cancels the call now.
                     async with await call.start(prompt(history)) as stream:
@@ -289,6 +297,7 @@ class ChatTurns:
                             yield context_event
                             context_event = None
                         async for message in stream:
+                            received = True
                             if message.text:
                                 if not turn.pieces:
                                     turn.timings.first_token_ms = clock.ms()
@@ -301,6 +310,8 @@ class ChatTurns:
                 except ServiceError as exc:
                     if early and not turn.pieces and call.refused(exc):
                         continue  # an inference service older than OpenGenerate: Generate
+                    if not received and await call.retry(exc, early):
+                        continue  # the replica failed before the first token: once more, on the next
                     history = _shorter_history(turn, history, exc)
         except BaseException as exc:  # cancelled, failed: the span says so, and always ends
             span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
@@ -309,6 +320,8 @@ class ChatTurns:
             if self.settings.trace_content:
                 span.set_attribute("agw.chat.answer", "".join(turn.pieces))
             _record_result(span, turn.result)
+            if call.route is not None and turn.result is not None:
+                call.route.replica.note_usage(turn.result.usage)
             span.end()
         turn.timings.generation_ms = clock.ms(generation_started)
         for tool_call in turn.tool_calls:

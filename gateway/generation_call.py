@@ -7,6 +7,11 @@ tokenizes them while retrieval still runs; the request follows when the
 prompt is ready. Otherwise, or for a retry, a plain ``Generate`` call starts
 at the prompt. Either way the call runs inside the ``generation`` span, so the
 inference service's spans sit under it.
+
+The call goes to the replica its routing key picks (``gateway.routing``). If
+it fails UNAVAILABLE before its first message, :meth:`GenerationCall.retry`
+moves it once to the next replica: an early call is opened there again and
+its prefix resent.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from opentelemetry.trace import Status, StatusCode
 from agent.inference.v1 import inference_pb2
 from servicekit.errors import ServiceError
 
-from gateway.backends import Backends, StartedStream
+from gateway.backends import Backends, Route, StartedStream
 
 log = logging.getLogger(__name__)
 _TRACER = trace.get_tracer("agent-gateway.chat")
@@ -31,22 +36,28 @@ _TRACER = trace.get_tracer("agent-gateway.chat")
 class GenerationCall:
     """The turn's inference call(s), in one ``generation`` span; :meth:`close` ends whatever is left."""
 
-    def __init__(self, backends: Backends, context) -> None:
+    def __init__(self, backends: Backends, context, key: bytes) -> None:
         self._backends = backends
         self._context = context
+        self._key = key
         self._opened: StartedStream | None = None
+        #: What went out on the early call before its request, for a retry to resend.
+        self._prefix: tuple[list[inference_pb2.ChatMessage], tuple[inference_pb2.Tool, ...]] | None = None
+        self.route: Route | None = None
         self.span: trace.Span | None = None
 
     def open_early(self) -> None:
         """Open the call now (OpenGenerate); its span, the generation stage's, starts with it."""
         self.span = _TRACER.start_span("generation")
-        self._opened = self._in_span(lambda: self._backends.open_generate(self._context))
+        self.route = self._backends.route(self._key)
+        self._opened = self._in_span(lambda: self._backends.open_generate(self._context, self.route))
 
     async def send_prefix(self, messages: list[inference_pb2.ChatMessage],
                           tools: tuple[inference_pb2.Tool, ...] = ()) -> None:
         """The prompt's first messages (and its tools), for the inference service to tokenize meanwhile
         (early calls only)."""
         if self._opened is not None:
+            self._prefix = (messages, tools)
             with contextlib.suppress(ServiceError):  # the call ended: sending the request will say why
                 await self._opened.send_prefix(messages, tools)
 
@@ -65,13 +76,28 @@ class GenerationCall:
         """The stream of ``request``: on the early call the first time, else on a new Generate call."""
         early, self._opened = self._opened, None  # the early call serves the first attempt only
         if early is None:
-            return self._in_span(lambda: self._backends.start_generate(request, self._context))
+            self.route = self.route or self._backends.route(self._key)
+            return self._in_span(lambda: self._backends.start_generate(request, self._context, self.route))
         try:
             await early.send(request)
         except BaseException:
             early.close()
             raise
         return early
+
+    async def retry(self, error: ServiceError, opened_early: bool) -> bool:
+        """Whether the call, failed with ``error`` before its first message, goes once more to another replica
+        (:meth:`Backends.reroute`); an early call is opened there again, with its prefix."""
+        route = self._backends.reroute(self.route, error) if self.route is not None else None
+        if route is None:
+            return False
+        self.route = route
+        if opened_early:
+            self._opened = self._in_span(lambda: self._backends.open_generate(self._context, route))
+            if self._prefix is not None:
+                with contextlib.suppress(ServiceError):
+                    await self._opened.send_prefix(*self._prefix)
+        return True
 
     def refused(self, error: ServiceError) -> bool:
         """Whether the early call was refused as unknown: retry with Generate, and do so from now on."""

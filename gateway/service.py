@@ -24,13 +24,15 @@ from agent.inference.v1 import inference_pb2
 from agent.retrieval.v1 import retrieval_pb2
 from servicekit.errors import InvalidArgument, NotFound, ServiceError
 from servicekit.json_schema import SchemaVerdicts, check_schema
-from servicekit.metrics import gauge, meter
+from servicekit.metrics import counter, gauge, meter
 from servicekit.passthrough import add_service, wrap
 from servicekit.procfs import available_cpus, open_fds
 from servicekit.server import Health
 
 from gateway.admission import Admission
 from gateway.backends import Backends, open_backends
+from gateway.replicas import Replica
+from gateway.routing import Reason, generate_key
 from gateway.bounds import Bounds
 from gateway.chat import ChatTurns, Clock
 from gateway.convert import message_to_proto, session_to_proto, turn_event_to_proto, turn_request_from_proto
@@ -64,14 +66,17 @@ def _note_turn_shape(request: pb.ChatRequest) -> None:
     })
 
 
-def _note_stream(messages_in: int, messages_out: int, last: bytes = b"") -> None:
-    """Per stream, not per message: messages in and out, and the token counts of a forwarded final message."""
+def _note_stream(messages_in: int, messages_out: int, last: bytes = b"", replica: Replica | None = None) -> None:
+    """Per stream, not per message: messages in and out, and the token counts of a forwarded final message
+    (which the replica that served it adds to its prefix-cache hit rate)."""
     span = trace.get_current_span()
     span.set_attributes({"agw.stream.messages_in": messages_in, "agw.stream.messages_out": messages_out})
     if last:
         usage = inference_pb2.GenerateResponse.FromString(last).result.usage
         span.set_attribute("agw.generate.completion_tokens", usage.completion_tokens)
         span.set_attribute("agw.generate.cached_prompt_tokens", usage.cached_prompt_tokens)
+        if replica is not None:
+            replica.note_usage(usage)
 
 
 class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
@@ -116,12 +121,19 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
         messages, last = 0, b""
         with ExitStack() as slot:
             self._admit(slot, tenant)
-            async with self.backends.start_generate_bytes(request.request, context) as stream:
-                async for payload in stream:
-                    await context.write(wrap(_RESPONSE_FIELD, payload))
-                    messages += 1
-                    last = payload
-        _note_stream(messages, messages, last)
+            route = self.backends.route(generate_key(request.request, self.settings.routing_prefix_chars))
+            while True:
+                try:
+                    async with self.backends.start_generate_bytes(request.request, context, route) as stream:
+                        async for payload in stream:
+                            await context.write(wrap(_RESPONSE_FIELD, payload))
+                            messages += 1
+                            last = payload
+                    break
+                except ServiceError as exc:  # before the first message, once, on the next replica
+                    if messages or (route := self.backends.reroute(route, exc)) is None:
+                        raise
+        _note_stream(messages, messages, last, route.replica)
 
     async def Retrieve(self, request, context):
         """A passthrough: the retrieval service's SearchResponse goes out as the bytes it sent."""
@@ -183,19 +195,8 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
 
     async def GetStats(self, request, context):
         # Operators only (GatewayApp.method_policies): it names backends and processes.
-        backends = [
-            pb.BackendStats(
-                name=pool.name, target=pool.target, serving=pool.serving,
-                channels=[
-                    pb.ChannelStats(
-                        index=p.index, state=p.state.name, calls=p.stats.calls, in_flight=p.stats.in_flight,
-                        connection_attempts=p.stats.connection_attempts, connections_ready=p.stats.connections_ready,
-                    )
-                    for p in pool.channels
-                ],
-            )
-            for pool in self.backends.pools
-        ]
+        backends = [*(_backend_stats(r.pool, _replica_stats(r)) for r in self.backends.inference.replicas.values()),
+                    _backend_stats(self.backends.retrieval)]
         pool = self.sessions.database.pool
         database = pb.DatabaseStats(
             min_size=pool.get_min_size(), max_size=pool.get_max_size(), open=pool.get_size(),
@@ -206,6 +207,7 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
             rejected=self.admission.rejected, worker_pid=os.getpid(), database=database,
             event_loop=type(asyncio.get_running_loop()).__module__.split(".")[0],
             workers=self.settings.workers, cpu_count=available_cpus(), asyncio_tasks=len(asyncio.all_tasks()),
+            inference_routing=self.backends.inference.policy.value,
             open_fds=open_fds(), limits=pb.PublicLimits(
                 max_concurrent_streams=self.settings.max_concurrent_streams,
                 max_connection_idle_ms=int(self.settings.max_connection_idle_s * 1000),
@@ -266,6 +268,29 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
         return pb.DeleteSessionResponse()
 
 
+def _backend_stats(pool, replica: pb.ReplicaStats | None = None) -> pb.BackendStats:
+    return pb.BackendStats(
+        name=pool.name, target=pool.target, serving=pool.serving, replica=replica,
+        channels=[
+            pb.ChannelStats(
+                index=p.index, state=p.state.name, calls=p.stats.calls, in_flight=p.stats.in_flight,
+                connection_attempts=p.stats.connection_attempts, connections_ready=p.stats.connections_ready,
+            )
+            for p in pool.channels
+        ],
+    )
+
+
+def _replica_stats(replica: Replica) -> pb.ReplicaStats:
+    routed = replica.routed
+    return pb.ReplicaStats(
+        name=replica.name, routable=replica.routable, running_requests=replica.running,
+        waiting_requests=replica.waiting, kv_cache_usage=replica.kv_cache_usage,
+        routed_affinity=routed[Reason.AFFINITY], routed_spill=routed[Reason.SPILL], routed_retry=routed[Reason.RETRY],
+        routed_balanced=routed[Reason.BALANCED], prompt_tokens=replica.prompt_tokens,
+        cached_prompt_tokens=replica.cached_prompt_tokens)
+
+
 def _observe(backends: Backends, database, admission: Admission) -> None:
     """Gauges read at each scrape: channel load, the Postgres pool, admission."""
     gateway_meter = meter("gateway")
@@ -278,6 +303,16 @@ def _observe(backends: Backends, database, admission: Admission) -> None:
     ], description="Postgres pool connections, open and idle.")
     gauge(gateway_meter, "agw.admission.in_flight", lambda: [(admission.in_flight, {})],
           description="Streams admitted and running in this worker.")
+    replicas = backends.inference.replicas
+    gauge(gateway_meter, "agw.replica.load", lambda: [
+        (value, {"replica": r.name, "state": state}) for r in replicas.values()
+        for state, value in (("running", r.running), ("waiting", r.waiting))
+    ], description="Each inference replica's requests, running and waiting, from its WatchLoad stream.")
+    counter(gateway_meter, "agw.replica.prompt_tokens", lambda: [
+        (value, {"replica": r.name, "cached": cached}) for r in replicas.values()
+        for cached, value in (("true", r.cached_prompt_tokens), ("false", r.prompt_tokens - r.cached_prompt_tokens))
+    ], description="Prompt tokens of generations each replica finished for this worker, by whether its prefix "
+       "cache served them.")
 
 
 class GatewayApp:
@@ -317,12 +352,12 @@ class GatewayApp:
                 statement_cache_size=settings.db_statement_cache_size,
             ))
             self.servicer.sessions = Sessions(database, max_per_tenant=settings.max_sessions_per_tenant)
-            backends = await stack.enter_async_context(open_backends(self.settings, self.admission))
+            backends = await stack.enter_async_context(open_backends(self.settings))
             self.servicer.turns = ChatTurns(settings, backends, database)
             _observe(backends, database, self.admission)
             # With AGW_GATEWAY_ON_BACKEND_DOWN=wait the gateway stays NOT_SERVING
             # (calls get UNAVAILABLE) until every backend reports SERVING.
-            while not all(pool.serving for pool in backends.pools):
+            while not backends.ready:
                 await asyncio.sleep(0.1)
             self.servicer.backends = backends
             try:

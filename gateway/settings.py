@@ -55,7 +55,22 @@ class GatewaySettings(ServiceSettings):
     insecure_dev: bool = deployment_field(
         False, "insecure_dev", description="Serve plaintext without client certificates (development only)."
     )
-    inference_target: str = Field("127.0.0.1:50053", description="Inference service address (DNS names may resolve to several).")
+    inference_target: str | None = Field(
+        None, description="The inference service's address: the one-replica form of AGW_GATEWAY_INFERENCE_TARGETS "
+        "(default 127.0.0.1:50053); setting both is an error.")
+    inference_targets: str = Field(
+        "", description="Inference replicas, comma-separated: host:port entries, and dns:///name:port entries that "
+        "are re-resolved every AGW_GATEWAY_INFERENCE_RESOLVE_S, one replica per address (a headless Service).")
+    inference_resolve_s: float = Field(10.0, gt=0, description="How often dns:/// inference entries are re-resolved.")
+    inference_routing: Literal["affinity", "least_loaded", "round_robin"] = Field(
+        "affinity", description="How a call picks its inference replica: affinity (rendezvous hashing of the session, "
+        "or of the prompt's leading chunk, with a load bound), least_loaded, or round_robin.")
+    routing_load_margin: int = Field(
+        4, ge=0, description="affinity: a key's first replica is passed over while its load (waiting + running) "
+        "exceeds the least-loaded replica's by more than this.")
+    routing_prefix_chars: int = Field(
+        2048, gt=0, description="affinity, calls without a session: how much of the prompt's leading text (system "
+        "prompt, first messages) makes the routing key.")
     retrieval_target: str = Field("127.0.0.1:50052", description="Retrieval service address.")
     backend_server_name: str | None = Field(
         None, description="Verify backends' certificates as this name instead of the dialled host."
@@ -80,9 +95,8 @@ class GatewaySettings(ServiceSettings):
         "", description="Per-tenant weights for the bound above, as name=weight pairs (acme=4,beta=1); "
         "unlisted tenants weigh 1.")
     max_inference_waiting: int = Field(
-        0, ge=0, description="Also refuse when the inference queue holds this many (0: do not look)."
-    )
-    load_poll_s: float = Field(0.25, gt=0, description="How often GetLoad is polled when the above is on.")
+        0, ge=0, description="Route no call to a replica whose queue holds this many, and refuse (RESOURCE_EXHAUSTED) "
+        "when every replica's does (0: do not look).")
     database_url: str | None = deployment_field(
         None, "database_url", description="PostgreSQL DSN; unset means a private server from the pgserver wheel."
     )
@@ -225,6 +239,26 @@ class GatewaySettings(ServiceSettings):
             raise ValueError(f"AGW_GATEWAY_HISTORY_WINDOW_STEP ({self.history_window_step}) should be at most "
                              f"AGW_GATEWAY_HISTORY_MESSAGES ({self.history_messages})")
         return self
+
+    @model_validator(mode="after")
+    def _check_inference_targets(self) -> GatewaySettings:
+        if self.inference_target and self.inference_targets:
+            raise ValueError("set AGW_GATEWAY_INFERENCE_TARGETS (replicas) or AGW_GATEWAY_INFERENCE_TARGET (one), "
+                             "not both")
+        for entry in self.inference_target_list:
+            host, sep, port = entry.removeprefix("dns:///").rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"AGW_GATEWAY_INFERENCE_TARGETS: {entry!r} is not host:port or dns:///name:port")
+        if len(set(self.inference_target_list)) != len(self.inference_target_list):
+            raise ValueError("AGW_GATEWAY_INFERENCE_TARGETS lists a replica twice")
+        return self
+
+    @property
+    def inference_target_list(self) -> list[str]:
+        """The inference replicas' entries (AGW_GATEWAY_INFERENCE_TARGETS, else the one target)."""
+        if self.inference_targets:
+            return [entry.strip() for entry in self.inference_targets.split(",") if entry.strip()]
+        return [self.inference_target or "127.0.0.1:50053"]
 
     @property
     def embedded_postgres_dir(self):

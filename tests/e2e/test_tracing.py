@@ -57,6 +57,9 @@ async def test_a_turn_is_one_trace_rooted_at_chat(stub, spans):
     # The retrieval service's own span hangs under the gateway's retrieval stage: the context crossed the hop.
     search = found["agent.retrieval.v1.Retrieval/Search"]
     assert search.parent.span_id == found["retrieval"].context.span_id
+    # The generation stage names the replica routing chose, and why (one replica: its first choice).
+    assert found["generation"].attributes["agw.inference.route_reason"] == "affinity"
+    assert found["generation"].attributes["agw.inference.replica"]
     assert all(s.end_time is not None for s in found.values())
 
 

@@ -85,7 +85,7 @@ async def test_every_leaf_rotates_while_turns_run(tmp_path, database_url):
 
                 # The gateway's pools reconnect with its renewed certificate: the backends record the new serial.
                 backends = app.servicer.backends
-                await _until(lambda: backends.inference.tls_reloads and backends.retrieval.tls_reloads,
+                await _until(lambda: all(p.tls_reloads for p in backends.pools),
                              "the gateway's pools reloading")
                 for running in (retrieval, inference):
                     await _until(lambda r=running: r.authorizer.peers_seen.get(new["service/gateway"]) ==

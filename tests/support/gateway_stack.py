@@ -55,11 +55,14 @@ def established_peers(port: int) -> set[str]:
 
 
 @asynccontextmanager
-async def gateway_server(tls_dir: Path, inference_port: int, retrieval_port: int, *, database_url: str, **overrides):
+async def gateway_server(tls_dir: Path, inference_port: int | list[int], retrieval_port: int, *, database_url: str,
+                         **overrides):
+    """The gateway in-process; ``inference_port`` a list: replicas (AGW_GATEWAY_INFERENCE_TARGETS)."""
+    inference = ({"inference_targets": ",".join(f"127.0.0.1:{port}" for port in inference_port)}
+                 if isinstance(inference_port, list) else {"inference_target": f"127.0.0.1:{inference_port}"})
     settings = GatewaySettings(
         tls_dir=tls_dir, port=0, grace_s=1.0, reuse_port=False, database_url=database_url,
-        inference_target=f"127.0.0.1:{inference_port}", retrieval_target=f"127.0.0.1:{retrieval_port}",
-        **overrides,
+        retrieval_target=f"127.0.0.1:{retrieval_port}", **inference, **overrides,
     )
     app = GatewayApp(settings)
     async with running_service(app, settings) as running:

@@ -8,7 +8,10 @@ against vLLM elsewhere; this exists only to inject timings and faults.
 Script, through the request:
 - Generate: ``prompt`` = "tokens=N delay=S" streams N messages S seconds apart;
   "pad=B" adds B bytes to each message's text (to fill flow-control windows);
-  "call=NAME" ends with a call of tool NAME (finish reason TOOL_CALLS).
+  "call=NAME" ends with a call of tool NAME (finish reason TOOL_CALLS);
+  "drop=N" ends the stream UNAVAILABLE after N messages (a replica lost mid-stream).
+  With ``fail_generate`` every generation is refused UNAVAILABLE before its first
+  message (a replica that went away between routing and the call).
   Every stream's prompt is appended to ``ScriptedInference.closed`` when its
   handler's cleanup has run, however the call ended.
 - Tokenize: ``text`` = "invalid" | "busy" | "crash" raises that failure;
@@ -30,6 +33,7 @@ import grpc
 
 from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from servicekit import InvalidArgument, ResourceExhausted, ServiceSettings, main_for, prefixed_config
+from servicekit.errors import Unavailable
 
 INFERENCE_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["Inference"]
 
@@ -41,6 +45,7 @@ class ScriptedSettings(ServiceSettings):
     warmup_s: float = 0.0
     open_generate: bool = True  # false: answer OpenGenerate UNIMPLEMENTED, as a service older than it
     closed_file: Path | None = None
+    fail_generate: bool = False  # true: every Generate and OpenGenerate ends UNAVAILABLE before a message
 
 
 def parse_script(prompt: str) -> tuple[int, float, int]:
@@ -63,8 +68,9 @@ def _result(script: str, generation: int) -> inference_pb2.GenerationResult:
 class ScriptedInference(inference_pb2_grpc.InferenceServicer):
     """Generate and OpenGenerate (unless ``open_generate`` is off, as an older service) with scripted output."""
 
-    def __init__(self, open_generate: bool = True) -> None:
+    def __init__(self, open_generate: bool = True, fail_generate: bool = False) -> None:
         self.open_generate = open_generate
+        self.fail_generate = fail_generate
         self.closed: list[str] = []
         #: Generate calls started (Chat turns that reached the engine).
         self.generations = 0
@@ -105,8 +111,13 @@ class ScriptedInference(inference_pb2_grpc.InferenceServicer):
         self.metadata.append(dict(context.invocation_metadata()))
         if "crash" in script.split():
             raise RuntimeError("scripted crash inside the inference service")
+        if self.fail_generate:
+            raise Unavailable("scripted replica refuses every generation")
+        drop = int(_fields(script).get("drop", -1))
         try:
             for index in range(tokens):
+                if index == drop:
+                    raise Unavailable(f"scripted replica lost after {drop} messages")
                 if index:
                     await asyncio.sleep(delay)
                 yield inference_pb2.GenerateResponse(text=f"t{index} " + "x" * pad, token_ids=[index])
@@ -131,7 +142,7 @@ class ScriptedApp:
 
     def __init__(self, settings: ScriptedSettings) -> None:
         self.settings = settings
-        self.servicer = ScriptedInference(open_generate=settings.open_generate)
+        self.servicer = ScriptedInference(open_generate=settings.open_generate, fail_generate=settings.fail_generate)
 
     def register(self, server) -> None:
         inference_pb2_grpc.add_InferenceServicer_to_server(self.servicer, server)

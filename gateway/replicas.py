@@ -1,0 +1,239 @@
+"""The inference replicas: one pool, health watch and load watch each, found from a list or from DNS.
+
+``AGW_GATEWAY_INFERENCE_TARGETS`` lists replicas; an entry ``dns:///name:port``
+is re-resolved every ``AGW_GATEWAY_INFERENCE_RESOLVE_S`` (a Kubernetes
+headless Service), one replica per address, verified as ``name`` (or
+``AGW_GATEWAY_BACKEND_SERVER_NAME``). A replica is routable while its health
+says SERVING, a channel is not stalled, and its load is known; it leaves
+routing the moment its health watch or load stream breaks (both ride the
+pool's connections, so a dead connection ends them), and rejoins when they
+come back, without a restart.
+
+Load is what the replica pushes on ``WatchLoad`` (waiting + running), plus the
+calls this worker started on it since that report: between two reports
+(100 ms) a burst still sees its own weight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import ipaddress
+import logging
+import socket
+from collections import Counter
+from collections.abc import Callable
+
+import grpc
+
+from agent.inference.v1 import inference_pb2, inference_pb2_grpc
+from servicekit.errors import ResourceExhausted, Unavailable
+from servicekit.pool import ChannelPool
+from servicekit.tasks import cancel_and_wait
+from servicekit.tls import ClientTls
+
+from gateway.routing import Choice, Policy, Reason, Router
+
+log = logging.getLogger(__name__)
+DNS_PREFIX = "dns:///"
+#: Least time between two WatchLoad messages the gateway asks for.
+LOAD_INTERVAL_MS = 100
+
+
+class Replica:
+    """One inference replica: its pool and what this worker knows of its load and use."""
+
+    def __init__(self, address: str, pool: ChannelPool, server_name: str | None) -> None:
+        self.address = address
+        self.pool = pool
+        self.server_name = server_name
+        #: The replica's own name once its WatchLoad said it (its address until then): metrics, spans, stats.
+        self.name = address
+        #: What routing ranks it by: its address when configured by address (stable, and known before it
+        #: answers), its name when found through DNS (a pod back on a new address keeps its name).
+        self.key = address
+        self.load_known = False
+        self.running = 0
+        self.waiting = 0
+        self.kv_cache_usage = 0.0
+        self._in_flight_at_report = 0
+        self.routed: Counter[Reason] = Counter()
+        self.prompt_tokens = 0
+        self.cached_prompt_tokens = 0
+        self._watch: asyncio.Task | None = None
+
+    @property
+    def in_flight(self) -> int:
+        """This worker's calls on the replica now."""
+        return sum(p.stats.in_flight for p in self.pool.channels)
+
+    @property
+    def load(self) -> int:
+        """Waiting + running as last reported, plus this worker's calls started since (never below 0)."""
+        return max(0, self.running + self.waiting + self.in_flight - self._in_flight_at_report)
+
+    @property
+    def routable(self) -> bool:
+        return (self.load_known and self.pool.serving
+                and not all(p.stalled for p in self.pool.channels))
+
+    def note_usage(self, usage) -> None:
+        """A finished generation's usage (``inference_pb2.Usage``): the prefix-cache hit rate per replica."""
+        if usage is not None:
+            self.prompt_tokens += usage.prompt_tokens
+            self.cached_prompt_tokens += usage.cached_prompt_tokens
+
+    def start_watch(self, named_by_replica: bool) -> None:
+        self._watch = asyncio.create_task(self._watch_load(named_by_replica), name=f"load-{self.address}")
+
+    async def _watch_load(self, named_by_replica: bool) -> None:
+        """Follow the replica's WatchLoad; reconnect when it breaks (load unknown meanwhile: not routable)."""
+        request = inference_pb2.WatchLoadRequest(interval_ms=LOAD_INTERVAL_MS)
+        while True:
+            try:
+                # On the pool's first channel: a dead connection ends this stream, and so routing to it, at once.
+                stub = self.pool.channels[0].stub(inference_pb2_grpc.InferenceStub)
+                async for load in stub.WatchLoad(request):
+                    self.running, self.waiting = load.running_requests, load.waiting_requests
+                    self.kv_cache_usage = load.kv_cache_usage
+                    self._in_flight_at_report = self.in_flight
+                    if load.replica and load.replica != self.name:
+                        self.name = load.replica
+                        if named_by_replica:
+                            self.key = load.replica
+                    if not self.load_known:
+                        log.info("inference replica %s (%s): load known, routable when SERVING",
+                                 self.name, self.address)
+                    self.load_known = True
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:  # older than WatchLoad: route on health alone
+                    log.warning("inference replica %s has no WatchLoad; its load counts this worker's calls only",
+                                self.address)
+                    self.load_known = True
+                    return
+                if self.load_known:
+                    log.warning("inference replica %s (%s): load stream lost (%s); out of routing until it "
+                                "returns", self.name, self.address, exc.code().name)
+            self.load_known = False
+            await asyncio.sleep(0.5)
+
+    async def close(self) -> None:
+        if self._watch is not None:
+            await cancel_and_wait(self._watch)
+        await self.pool.close()
+
+
+def dns_entry(entry: str) -> tuple[str, int] | None:
+    """``(name, port)`` of a ``dns:///name:port`` entry; None for a plain address."""
+    if not entry.startswith(DNS_PREFIX):
+        return None
+    host, _, port = entry[len(DNS_PREFIX):].rpartition(":")
+    return host, int(port)
+
+
+def address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ipaddress.ip_address(host).version == 6 else f"{host}:{port}"
+
+
+class Replicas:
+    """The inference replicas and the router that picks among them.
+
+    ``open_pool(address, server_name, tls, first)`` makes and starts a
+    replica's pool (the gateway's channel settings; ``first``: at start-up); ``max_waiting`` (0: off) keeps calls off a
+    replica whose queue holds that many.
+    """
+
+    def __init__(self, entries: list[str], open_pool: Callable, router: Router, *, tls: ClientTls,
+                 max_waiting: int, resolve_s: float, server_name: str | None) -> None:
+        self.entries = entries
+        self.tls = tls
+        self._open_pool = open_pool
+        self.router = router
+        self.max_waiting = max_waiting
+        self.resolve_s = resolve_s
+        self.server_name = server_name
+        self.replicas: dict[str, Replica] = {}
+        self._resolver: asyncio.Task | None = None
+
+    @property
+    def policy(self) -> Policy:
+        return self.router.policy
+
+    @property
+    def pools(self) -> list[ChannelPool]:
+        return [replica.pool for replica in self.replicas.values()]
+
+    @property
+    def serving(self) -> bool:
+        return any(replica.pool.serving for replica in self.replicas.values())
+
+    async def start(self) -> None:
+        """Open a pool per replica (failing, or waiting, as the pools do); re-resolve DNS entries from now on."""
+        await self._sync(await self._resolve(), first=True)
+        if any(dns_entry(e) for e in self.entries):
+            self._resolver = asyncio.create_task(self._follow_dns(), name="inference-resolver")
+
+    async def _resolve(self) -> dict[str, str | None]:
+        """Every replica's address, with the name to verify its certificate as (None: the dialled host)."""
+        found: dict[str, str | None] = {}
+        loop = asyncio.get_running_loop()
+        for entry in self.entries:
+            named = dns_entry(entry)
+            if named is None:
+                found[entry] = self.server_name
+                continue
+            host, port = named
+            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)  # in a thread: never blocks
+            for info in infos:
+                found[address(info[4][0], port)] = self.server_name or host
+        return found
+
+    async def _sync(self, found: dict[str, str | None], *, first: bool = False) -> None:
+        for gone in [a for a in self.replicas if a not in found]:
+            log.warning("inference replica %s left DNS; closing its pool", gone)
+            await self.replicas.pop(gone).close()
+        for new in [a for a in found if a not in self.replicas]:
+            pool = await self._open_pool(new, found[new], self.tls, first)
+            replica = self.replicas[new] = Replica(new, pool, found[new])
+            replica.start_watch(named_by_replica=new not in self.entries)
+            if not first:
+                log.info("inference replica %s joined", new)
+
+    async def _follow_dns(self) -> None:
+        while True:
+            await asyncio.sleep(self.resolve_s)
+            try:
+                found = await self._resolve()
+            except OSError as exc:  # the resolver is down: keep the replicas we have
+                log.warning("re-resolving %s failed (%s); keeping %d replicas", self.entries, exc, len(self.replicas))
+                continue
+            if found:
+                await self._sync(found)
+
+    def reload_tls(self, tls: ClientTls) -> None:
+        self.tls = tls  # for replicas that join later
+        for replica in self.replicas.values():
+            replica.pool.reload_tls(dataclasses.replace(tls, server_name=replica.server_name or tls.server_name))
+
+    def choose(self, key: bytes, exclude: tuple[Replica, ...] = ()) -> Choice[Replica]:
+        """The replica for ``key`` now; UNAVAILABLE when none is routable, RESOURCE_EXHAUSTED when all are full."""
+        routable = [r for r in self.replicas.values() if r.routable and r not in exclude]
+        if not routable:
+            raise Unavailable("no inference replica is serving; retry shortly",
+                              internal=f"replicas: {self.describe()}")
+        open_ = [r for r in routable if not self.max_waiting or r.waiting < self.max_waiting]
+        if not open_:
+            raise ResourceExhausted(
+                f"every inference replica's queue holds {self.max_waiting} or more requests "
+                f"(AGW_GATEWAY_MAX_INFERENCE_WAITING={self.max_waiting}); retry shortly", retry_after_s=0.2)
+        return self.router.choose(key, open_)
+
+    def describe(self) -> str:
+        return ", ".join(f"{r.name}@{r.address} serving={r.pool.serving} load_known={r.load_known}"
+                         for r in self.replicas.values()) or "none"
+
+    async def close(self) -> None:
+        if self._resolver is not None:
+            await cancel_and_wait(self._resolver)
+        await asyncio.gather(*(replica.close() for replica in self.replicas.values()), return_exceptions=True)
+        self.replicas.clear()

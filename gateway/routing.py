@@ -1,0 +1,127 @@
+"""Which inference replica serves a call: rendezvous hashing with bounded load, and two plain policies.
+
+Every gateway worker and pod must send a session to the same replica without
+talking to each other, so the choice is a pure function of what they all
+know: the call's key and the replicas' names (and, to bound load, the loads
+each replica pushes on ``WatchLoad``).
+
+Rendezvous (highest-random-weight) hashing ranks the replicas for a key by a
+hash of (key, replica name). Every process computes the same ranking; when a
+replica leaves, only the keys it ranked first move (each to its own next
+choice), and they come back when it returns. A consistent-hash ring gives the
+same property with a ring to maintain; with a handful of replicas, ranking
+them all per call costs a few microseconds and needs no state.
+
+Bounded load: the first-ranked replica serves the key unless its load exceeds
+the least-loaded replica's by more than the margin; then the next in the
+key's ranking within the bound does (a *spill*), so a hot session or tenant
+moves to one other replica, not to whichever is idle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Generic, TypeVar
+
+R = TypeVar("R")
+
+
+class Reason(str, Enum):
+    """Why a call went to its replica (a metric label and a span attribute)."""
+
+    AFFINITY = "affinity"  # the key's first-ranked replica
+    SPILL = "spill"  # the first-ranked was over the load bound: the next in the ranking within it
+    RETRY = "retry"  # the call failed before its first token on another replica
+    BALANCED = "balanced"  # least_loaded or round_robin: no key
+
+
+class Policy(str, Enum):
+    AFFINITY = "affinity"
+    LEAST_LOADED = "least_loaded"
+    ROUND_ROBIN = "round_robin"
+
+
+def score(key: bytes, name: str) -> int:
+    """The replica's weight for ``key``: the same in every process (not Python's salted ``hash``)."""
+    return int.from_bytes(hashlib.blake2b(key + b"\0" + name.encode(), digest_size=8).digest(), "big")
+
+
+def rank(key: bytes, names: Sequence[str]) -> list[int]:
+    """Indexes of ``names`` from the key's first choice to its last (highest score first; ties by name)."""
+    return sorted(range(len(names)), key=lambda i: (-score(key, names[i]), names[i]))
+
+
+@dataclass(frozen=True)
+class Choice(Generic[R]):
+    """A call's replica, why, and the others in the order a retry would take them."""
+
+    replica: R
+    reason: Reason
+    fallbacks: tuple[R, ...]
+
+
+class Router(Generic[R]):
+    """Chooses among candidate replicas; ``name`` and ``load`` read a replica's name and current load."""
+
+    def __init__(self, policy: Policy, name: Callable[[R], str], load: Callable[[R], float], *,
+                 margin: float) -> None:
+        self.policy = policy
+        self._name = name
+        self._load = load
+        self.margin = margin
+        self._turn = itertools.count()
+
+    def choose(self, key: bytes, candidates: Sequence[R]) -> Choice[R]:
+        """The replica for ``key`` among ``candidates`` (not empty), with the rest as fallbacks."""
+        if len(candidates) == 1:
+            return Choice(candidates[0], Reason.AFFINITY if self.policy is Policy.AFFINITY else Reason.BALANCED, ())
+        if self.policy is Policy.ROUND_ROBIN:
+            start = next(self._turn) % len(candidates)
+            order = [*candidates[start:], *candidates[:start]]
+            return Choice(order[0], Reason.BALANCED, tuple(order[1:]))
+        ranked = [candidates[i] for i in rank(key, [self._name(c) for c in candidates])]
+        loads = [self._load(c) for c in ranked]
+        if self.policy is Policy.LEAST_LOADED:  # ties go to the key's ranking: stable, and spread by key
+            order = sorted(range(len(ranked)), key=lambda i: loads[i])
+            return Choice(ranked[order[0]], Reason.BALANCED, tuple(ranked[i] for i in order[1:]))
+        bound = min(loads) + self.margin
+        chosen = next(i for i, load in enumerate(loads) if load <= bound)
+        return Choice(ranked[chosen], Reason.AFFINITY if chosen == 0 else Reason.SPILL,
+                      tuple(r for i, r in enumerate(ranked) if i != chosen))
+
+
+def prefix_key(salt: str, parts: Sequence[str], max_chars: int) -> bytes:
+    """A stateless call's key: its cache salt and the leading ``max_chars`` of its prompt's text.
+
+    Calls that share a system prompt and first messages share a key, so they
+    meet the same replica's prefix cache; the salt keeps tenants apart as the
+    engine's cache does.
+    """
+    taken, size = [], 0
+    for part in parts:
+        taken.append(part[: max_chars - size])
+        size += len(taken[-1])
+        if size >= max_chars:
+            break
+    return b"prefix\0" + salt.encode() + b"\0" + "\x1f".join(taken).encode()
+
+
+def session_key(salt: str, session_id: str) -> bytes:
+    """A session turn's key: its tenant's cache salt and the session, known before the history is."""
+    return b"session\0" + salt.encode() + b"\0" + session_id.encode()
+
+
+def generate_key(request, max_chars: int) -> bytes:
+    """A ``Generate`` call's key (an ``inference_pb2.GenerateRequest``): its salt and its prompt's leading text."""
+    which = request.WhichOneof("input")
+    if which == "chat":
+        parts = [message.content for message in request.chat.messages]
+    elif which == "token_ids":
+        parts = [",".join(map(str, request.token_ids.ids[: max_chars // 2]))]
+    else:
+        parts = [request.prompt]
+    return prefix_key(request.cache_salt, parts, max_chars)

