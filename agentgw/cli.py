@@ -110,8 +110,11 @@ def _trace(args: argparse.Namespace) -> int:
 def _up(args: argparse.Namespace) -> int:
     from agentgw.stack import up
 
+    if args.inference_replicas < 1:
+        print("agentgw up: --inference-replicas must be at least 1", file=sys.stderr)
+        return 2
     try:
-        return up()
+        return up(inference_replicas=args.inference_replicas)
     except KeyboardInterrupt:  # during start-up: the stack has already stopped what it started
         print("\ninterrupted during start-up; everything started was stopped", file=sys.stderr)
         return 130
@@ -183,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=_serve)
 
     up = commands.add_parser("up", help="run the whole stack locally (embedded Postgres, Qdrant Edge, smoke model)")
+    up.add_argument("--inference-replicas", type=int, default=1, metavar="N",
+                    help="start N inference services and route across them (2 fit a 24 GiB machine with the smoke "
+                         "model)")
     up.set_defaults(func=_up)
 
     _add_client_commands(commands)

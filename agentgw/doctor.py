@@ -128,6 +128,38 @@ async def gateway_checks(connection: Connection) -> list[Check]:
     checks.append(_loop_check("gateway", stats.event_loop))
     checks.append(public_limits_check(stats.limits))
     checks.append(workers_check(stats.workers, stats.cpu_count or 1))
+    checks += replica_checks([b.replica for b in stats.backends if b.name == "inference"], stats.inference_routing)
+    return checks
+
+
+#: A replica given more than this multiple of the even share of calls is skewed (with enough calls to tell).
+SKEW_FACTOR = 1.5
+SKEW_MIN_CALLS = 20
+
+
+def replica_checks(replicas, routing: str) -> list[Check]:
+    """Each inference replica's prefix-cache hit rate (as this worker's generations saw it), and the load split."""
+    checks = []
+    for replica in replicas:
+        rate = replica.cached_prompt_tokens / replica.prompt_tokens if replica.prompt_tokens else None
+        checks.append(Check(
+            f"replica {replica.name}", Status.PASS if replica.routable else Status.WARN,
+            f"{'routable' if replica.routable else 'NOT routable'}, running {replica.running_requests}, waiting "
+            f"{replica.waiting_requests}, KV {replica.kv_cache_usage:.0%}; prefix cache "
+            + (f"{rate:.0%} of {replica.prompt_tokens} prompt tokens" if rate is not None else "not measured yet"),
+            "the replica is not serving or its WatchLoad stream is down: check its health and logs"))
+    routed = [r.routed_affinity + r.routed_spill + r.routed_retry + r.routed_balanced for r in replicas]
+    total = sum(routed)
+    if len(replicas) > 1:
+        heaviest = max(routed) / (total / len(replicas)) if total else 0.0
+        skewed = total >= SKEW_MIN_CALLS and heaviest > SKEW_FACTOR
+        spills = sum(r.routed_spill for r in replicas)
+        checks.append(Check(
+            "replica load split", Status.WARN if skewed else Status.PASS,
+            f"{routing}: " + " / ".join(f"{r.name} {n}" for r, n in zip(replicas, routed))
+            + f" calls ({spills} spilled past the load margin)",
+            f"one replica takes {heaviest:.1f}x the even share: a few hot sessions or tenants dominate. Lower "
+            "AGW_GATEWAY_ROUTING_LOAD_MARGIN to spill them sooner, or add replicas"))
     return checks
 
 

@@ -78,10 +78,11 @@ def _postgres(settings: ServiceSettings, url: str | None, progress: Progress):
         server.cleanup()
 
 
-def _service(name: str, port: int, metrics_port: int, settings: ServiceSettings, env: dict[str, str]) -> ServiceProcess:
-    """``python -m <name>.main`` on fixed ports, logging under ``$AGW_HOME/run/<name>``."""
+def _service(name: str, port: int, metrics_port: int, settings: ServiceSettings, env: dict[str, str], *,
+             run_name: str | None = None) -> ServiceProcess:
+    """``python -m <name>.main`` on fixed ports, logging under ``$AGW_HOME/run/<run_name or name>``."""
     prefix = f"AGW_{name.upper()}_"
-    return ServiceProcess(f"{name}.main", settings.home / "run" / name, settings.tls_dir, prefix, env={
+    return ServiceProcess(f"{name}.main", settings.home / "run" / (run_name or name), settings.tls_dir, prefix, env={
         "AGW_HOME": str(settings.home),
         f"{prefix}PORT": str(port),
         f"{prefix}METRICS_PORT": str(metrics_port),
@@ -157,7 +158,7 @@ def _connection(settings: ServiceSettings, ports: dict, processes: dict) -> Conn
         retrieval=f"127.0.0.1:{ports['retrieval'][0]}",
         inference=f"127.0.0.1:{ports['inference'][0]}",
         tls_dir=str(settings.tls_dir.resolve()),
-        metrics=MetricsPorts(**{name: port[1] for name, port in ports.items()}),
+        metrics=MetricsPorts(**{name: ports[name][1] for name in ("gateway", "retrieval", "inference")}),
         trace_file=str((settings.home / "traces.jsonl").resolve()),
         pids={name: process.pid for name, process in processes.items()},
         keepalive=settings.keepalive,
@@ -182,12 +183,60 @@ def _print_ready(connection: Connection, path) -> None:
     print("Ctrl-C drains and stops everything.", flush=True)
 
 
-def up() -> int:
-    """Run the stack until interrupted; 0 after a clean stop, 1 if a service failed to start."""
+def _inference_replicas(count: int, port: int, metrics_port: int, settings: ServiceSettings) -> dict:
+    """``count`` inference services on consecutive ports (and metrics ports), named inference-1, -2, ...:
+    the first keeps the plain name ``inference`` (its log folder, the connection file's backend)."""
+    processes = {}
+    for index in range(count):
+        name = "inference" if index == 0 else f"inference-{index + 1}"
+        processes[name] = (port + index, metrics_port + index, _service(
+            "inference", port + index, metrics_port + index, settings,
+            {"AGW_INFERENCE_REPLICA_NAME": f"inference-{index + 1}"}, run_name=name))
+    return processes
+
+
+def _start_services(settings: ServiceSettings, stack: ExitStack, database_url: str, inference_replicas: int,
+                    progress: Progress) -> tuple[dict, dict]:
+    """Retrieval and the inference replicas together, then the gateway in front of them; stopped in reverse."""
+    from gateway.settings import GatewaySettings
+    from inference.settings import InferenceSettings
+    from retrieval.settings import RetrievalSettings
+
+    ports, processes = {}, {}
+    ports["retrieval"] = _ports("retrieval", RetrievalSettings)
+    processes["retrieval"] = _service("retrieval", *ports["retrieval"], settings, {})
+    stack.callback(processes["retrieval"].stop)
+    for name, (port, metrics_port, process) in _inference_replicas(
+            inference_replicas, *_ports("inference", InferenceSettings), settings).items():
+        ports[name], processes[name] = (port, metrics_port), process
+        stack.callback(process.stop)
+    ports["gateway"] = _ports("gateway", GatewaySettings)
+    for name in [n for n in processes if n != "gateway"]:  # all start together; wait in turn
+        with progress.step(f"{name} service on port {ports[name][0]}"):
+            processes[name].wait_serving()
+    targets = [f"127.0.0.1:{port}" for name, (port, _) in ports.items() if name.startswith("inference")]
+    processes["gateway"] = _service("gateway", *ports["gateway"], settings, {
+        "AGW_GATEWAY_WORKERS": "1",
+        "AGW_DATABASE_URL": database_url,
+        "AGW_GATEWAY_INFERENCE_TARGET": "",  # the replicas below, whatever the environment says
+        "AGW_GATEWAY_INFERENCE_TARGETS": ",".join(targets),
+        "AGW_GATEWAY_RETRIEVAL_TARGET": f"127.0.0.1:{ports['retrieval'][0]}",
+    })
+    stack.callback(processes["gateway"].stop)  # registered last: stopped first
+    with progress.step(f"gateway on port {ports['gateway'][0]}"):
+        processes["gateway"].wait_serving()
+    return ports, processes
+
+
+def up(inference_replicas: int = 1) -> int:
+    """Run the stack until interrupted; 0 after a clean stop, 1 if a service failed to start.
+
+    ``inference_replicas`` inference services start on consecutive ports, and
+    the gateway routes across them (``AGW_GATEWAY_INFERENCE_TARGETS``).
+    """
     from gateway.settings import GatewaySettings
     from inference.settings import InferenceSettings
     from inference.smoke_model import build_smoke_model
-    from retrieval.settings import RetrievalSettings
 
     _interrupt_start_up()
     # Everything under AGW_HOME (keys, spans, logs, data) is this user's alone:
@@ -207,25 +256,7 @@ def up() -> int:
                 with progress.step("smoke model (offline, random weights)"):
                     build_smoke_model(inference_settings.smoke_model_dir)
 
-            ports = {}
-            processes = {}
-            for name, settings_cls in (("retrieval", RetrievalSettings), ("inference", InferenceSettings)):
-                ports[name] = _ports(name, settings_cls)
-                processes[name] = _service(name, *ports[name], settings, {})
-                stack.callback(processes[name].stop)
-            ports["gateway"] = _ports("gateway", GatewaySettings)
-            for name in ("retrieval", "inference"):  # both start together; wait in turn
-                with progress.step(f"{name} service on port {ports[name][0]}"):
-                    processes[name].wait_serving()
-            processes["gateway"] = _service("gateway", *ports["gateway"], settings, {
-                "AGW_GATEWAY_WORKERS": "1",
-                "AGW_DATABASE_URL": database_url,
-                "AGW_GATEWAY_INFERENCE_TARGET": f"127.0.0.1:{ports['inference'][0]}",
-                "AGW_GATEWAY_RETRIEVAL_TARGET": f"127.0.0.1:{ports['retrieval'][0]}",
-            })
-            stack.callback(processes["gateway"].stop)  # registered last: stopped first
-            with progress.step(f"gateway on port {ports['gateway'][0]}"):
-                processes["gateway"].wait_serving()
+            ports, processes = _start_services(settings, stack, database_url, inference_replicas, progress)
         except ServiceStartError as exc:
             print(f"\nagentgw up: a service failed to start: {exc}", file=sys.stderr)
             return 1
