@@ -1,0 +1,268 @@
+"""Static checks of ``deploy/k8s`` against the Kubernetes schemas and the code, for machines without a cluster.
+
+``python -m agentgw.k8scheck [KUSTOMIZATION_DIR ...]`` renders each
+kustomization (the subset of kustomize these manifests use: ``resources``,
+``namespace``, ``labels``, ``images`` and strategic-merge ``patches``), prints
+one line per problem, and exits 1 if there are any. What it holds them to:
+
+- every core resource is valid against the Kubernetes OpenAPI schemas
+  (``kubernetes-validate``, strict: unknown fields are errors); cert-manager's
+  Issuers and Certificates against ``deploy/k8s/schemas/cert-manager.io-v1.json``;
+- every ``AGW_*`` variable given to one of our containers is a setting of its
+  service, the container listens on its ``AGW_*_PORT`` and metrics port, and
+  every target names a Service of the manifests, on its port, selecting that
+  service's pods (the inference target through the headless Service);
+- each of our containers mounts, read-only, exactly its own identity's folder
+  (``/tls/service/<name>``) from the Secret of a Certificate whose one URI is
+  that identity, as ``cert.pem``, ``key.pem`` and ``ca.pem``;
+- probes (startup, readiness, liveness) run the mTLS health check client;
+  ``terminationGracePeriodSeconds`` covers ``preStop`` plus ``AGW_GRACE_S``;
+  requests and limits are set; pods run non-root, containers without
+  privilege escalation and on a read-only root filesystem; images are pinned;
+- NetworkPolicies deny ingress by default, and the backends' ports admit the
+  gateway's pods only.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+from agentgw.composecheck import SETTINGS, _pinned, _settings_class
+from servicekit.identity import DEFAULT_TRUST_DOMAIN
+from servicekit.settings import environment_names
+
+ROOT = Path(__file__).resolve().parents[1] / "deploy" / "k8s"
+DEFAULT_DIRS = (ROOT / "base", ROOT / "overlays" / "gpu")
+CERT_MANAGER_SCHEMA = ROOT / "schemas" / "cert-manager.io-v1.json"
+#: The Kubernetes release whose schemas the manifests are held to.
+KUBERNETES_VERSION = "1.31.0"
+CLUSTER_SCOPED = {"Namespace", "ClusterIssuer", "ClusterRole", "ClusterRoleBinding"}
+#: Our services' gRPC ports by service, as their settings default them (and the manifests must set them).
+HEALTHCHECK = ["python", "-m", "agentgw.healthcheck"]
+
+
+def _merge(base, patch):
+    """A strategic merge, as kustomize does it for what these manifests patch: maps merge, lists of named
+    maps (containers, env, volumes, ports) merge by name, other lists are replaced."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        merged = dict(base)
+        for key, value in patch.items():
+            merged[key] = _merge(base[key], value) if key in base else value
+        return merged
+    if (isinstance(base, list) and isinstance(patch, list) and patch
+            and all(isinstance(item, dict) and "name" in item for item in [*base, *patch])):
+        merged = {item["name"]: item for item in base}
+        for item in patch:
+            merged[item["name"]] = _merge(merged[item["name"]], item) if item["name"] in merged else item
+        return list(merged.values())
+    return patch
+
+
+def render(directory: Path) -> list[dict]:
+    """The resources of the kustomization in ``directory``."""
+    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    docs: list[dict] = []
+    for resource in kustomization.get("resources", []):
+        path = directory / resource
+        docs += render(path) if path.is_dir() else [d for d in yaml.safe_load_all(path.read_text()) if d]
+    for patch in kustomization.get("patches", []):
+        change = yaml.safe_load((directory / patch["path"]).read_text())
+        matches = [i for i, d in enumerate(docs) if (d["kind"], d["metadata"]["name"]) ==
+                   (change["kind"], change["metadata"]["name"])]
+        if len(matches) != 1:
+            raise ValueError(f"{directory}: patch {patch['path']} matches {len(matches)} resources")
+        docs[matches[0]] = _merge(docs[matches[0]], change)
+    images = {image["name"]: f"{image['newName']}:{image['newTag']}" for image in kustomization.get("images", [])}
+    for doc in docs:
+        if kustomization.get("namespace") and doc["kind"] not in CLUSTER_SCOPED:
+            doc["metadata"]["namespace"] = kustomization["namespace"]
+        for pairs in kustomization.get("labels", []):
+            doc["metadata"].setdefault("labels", {}).update(pairs["pairs"])
+        for container in _containers(doc):
+            container["image"] = images.get(container["image"], container["image"])
+    return docs
+
+
+def _pod(doc: dict) -> dict | None:
+    return doc["spec"]["template"]["spec"] if doc["kind"] in ("Deployment", "StatefulSet") else None
+
+
+def _containers(doc: dict) -> list[dict]:
+    pod = _pod(doc)
+    return pod["containers"] if pod else []
+
+
+def _served(container: dict) -> str | None:
+    args = container.get("args") or []
+    return args[1] if len(args) >= 2 and args[0] == "serve" and args[1] in SETTINGS else None
+
+
+def _env(container: dict) -> dict[str, str | None]:
+    return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+
+def check_schemas(docs: list[dict]) -> list[str]:
+    import jsonschema
+    import kubernetes_validate
+
+    cert_manager = json.loads(CERT_MANAGER_SCHEMA.read_text())
+    problems = []
+    for doc in docs:
+        where = f"{doc['kind']}/{doc['metadata']['name']}"
+        try:
+            if doc["apiVersion"].startswith("cert-manager.io/"):
+                jsonschema.validate(doc, cert_manager)
+            else:
+                kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+        except (jsonschema.ValidationError, kubernetes_validate.ValidationError) as exc:
+            problems.append(f"{where}: {getattr(exc, 'message', exc)}")
+        except kubernetes_validate.SchemaNotFoundError as exc:
+            problems.append(f"{where}: no schema for it ({exc})")
+    return problems
+
+
+def check(docs: list[dict]) -> list[str]:
+    """Every problem found in rendered manifests; an empty list means they hold."""
+    problems = check_schemas(docs)
+    services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+    certificates = {d["spec"]["secretName"]: d for d in docs if d["kind"] == "Certificate"}
+    for doc in docs:
+        for container in _containers(doc):
+            where = f"{doc['kind']}/{doc['metadata']['name']}/{container['name']}"
+            if not _pinned(container["image"]):
+                problems.append(f"{where}: image {container['image']!r} is not pinned to a version")
+            problems += _check_hardening(where, doc, container)
+            service = _served(container)
+            if service is not None:
+                problems += _check_ours(where, doc, container, service, services, docs, certificates)
+    problems += _check_network(docs)
+    return problems
+
+
+def _check_hardening(where: str, doc: dict, container: dict) -> list[str]:
+    problems = []
+    pod = _pod(doc)
+    if not (pod.get("securityContext") or {}).get("runAsNonRoot"):
+        problems.append(f"{where}: the pod does not set runAsNonRoot")
+    security = container.get("securityContext") or {}
+    if security.get("allowPrivilegeEscalation") is not False or not security.get("readOnlyRootFilesystem"):
+        problems.append(f"{where}: set allowPrivilegeEscalation false and readOnlyRootFilesystem true")
+    resources = container.get("resources") or {}
+    if not resources.get("requests") or not resources.get("limits"):
+        problems.append(f"{where}: resource requests and limits must both be set")
+    return problems
+
+
+def _check_ours(where, doc, container, service, services, docs, certificates) -> list[str]:
+    problems = []
+    env = _env(container)
+    known = set(environment_names(_settings_class(service)))
+    problems += [f"{where}: {v} is not a setting of the {service} service" for v in sorted(env)
+                 if v.startswith("AGW_") and v not in known]
+    ports = {p["containerPort"] for p in container.get("ports", [])}
+    for variable in (f"AGW_{service.upper()}_PORT", f"AGW_{service.upper()}_METRICS_PORT"):
+        if env.get(variable) is None or int(env[variable]) not in ports:
+            problems.append(f"{where}: {variable} ({env.get(variable)}) is not one of its container ports {sorted(ports)}")
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        if ((container.get(probe) or {}).get("exec") or {}).get("command") != HEALTHCHECK:
+            problems.append(f"{where}: {probe} must run {' '.join(HEALTHCHECK)} (the mTLS health check client)")
+    pre_stop = ((container.get("lifecycle") or {}).get("preStop") or {}).get("exec", {}).get("command", [])
+    pause = int(pre_stop[1]) if pre_stop[:1] == ["sleep"] else 0
+    grace = float(env.get("AGW_GRACE_S") or 10)
+    period = _pod(doc).get("terminationGracePeriodSeconds", 30)
+    if period < pause + grace:
+        problems.append(f"{where}: terminationGracePeriodSeconds {period} < preStop {pause} s + AGW_GRACE_S {grace:g}")
+    problems += _check_identity(where, doc, container, service, certificates)
+    if service == "gateway":
+        problems += _check_targets(where, env, services, docs)
+    return problems
+
+
+def _check_identity(where, doc, container, service, certificates) -> list[str]:
+    tls_dir = _env(container).get("AGW_TLS_DIR") or "/tls"
+    own = f"{tls_dir}/service/{service}"
+    mounts = [m for m in container.get("volumeMounts", []) if m["mountPath"].startswith(tls_dir)]
+    if [m["mountPath"] for m in mounts] != [own] or not mounts[0].get("readOnly"):
+        return [f"{where}: must mount exactly its own identity folder {own}, read-only (got "
+                f"{[m['mountPath'] for m in mounts]})"]
+    volume = next((v for v in _pod(doc).get("volumes", []) if v["name"] == mounts[0]["name"]), {})
+    secret = volume.get("secret") or {}
+    items = {item["key"]: item["path"] for item in secret.get("items", [])}
+    problems = []
+    if items != {"tls.crt": "cert.pem", "tls.key": "key.pem", "ca.crt": "ca.pem"}:
+        problems.append(f"{where}: {own} must hold the Secret's tls.crt, tls.key, ca.crt as cert.pem, key.pem, ca.pem")
+    certificate = certificates.get(secret.get("secretName"))
+    expected = [f"spiffe://{DEFAULT_TRUST_DOMAIN}/service/{service}"]
+    if certificate is None:
+        problems.append(f"{where}: Secret {secret.get('secretName')!r} is no Certificate's secretName")
+    elif certificate["spec"].get("uris") != expected:
+        problems.append(f"{where}: Certificate {certificate['metadata']['name']} carries {certificate['spec'].get('uris')}, "
+                        f"not {expected}")
+    return problems
+
+
+def _selects(service: dict, docs: list[dict], name: str) -> dict | None:
+    """The container that ``service`` reaches, if its selector picks the pods serving ``name``."""
+    selector = service["spec"].get("selector") or {}
+    for doc in docs:
+        labels = (doc["spec"]["template"]["metadata"].get("labels") or {}) if _pod(doc) else {}
+        if selector and all(labels.get(k) == v for k, v in selector.items()):
+            for container in _containers(doc):
+                if _served(container) == name:
+                    return container
+    return None
+
+
+def _check_targets(where, env, services, docs) -> list[str]:
+    problems = []
+    targets = [("inference", entry) for entry in (env.get("AGW_GATEWAY_INFERENCE_TARGETS") or "").split(",") if entry]
+    targets.append(("retrieval", env.get("AGW_GATEWAY_RETRIEVAL_TARGET") or ""))
+    for backend, target in targets:
+        host, _, port = target.removeprefix("dns:///").rpartition(":")
+        service = services.get(host.split(".")[0])
+        container = _selects(service, docs, backend) if service else None
+        if container is None:
+            problems.append(f"{where}: {backend} target {target!r} names no Service selecting the {backend} pods")
+            continue
+        listening = int(_env(container)[f"AGW_{backend.upper()}_PORT"])
+        if not any(p["port"] == int(port or 0) and p.get("targetPort") in (listening, *[
+                cp.get("name") for cp in container["ports"] if cp["containerPort"] == listening])
+                for p in service["spec"]["ports"]):
+            problems.append(f"{where}: {backend} target {target!r}: the Service does not forward port {port} to "
+                            f"{backend}'s {listening}")
+        if backend == "inference" and target.startswith("dns:///") and service["spec"].get("clusterIP") != "None":
+            problems.append(f"{where}: {target!r} needs a headless Service (clusterIP: None) to see every replica")
+    return problems
+
+
+def _check_network(docs: list[dict]) -> list[str]:
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    problems = []
+    if not any(p["spec"]["podSelector"] == {} and not p["spec"].get("ingress") for p in policies):
+        problems.append("NetworkPolicy: no default deny of ingress (podSelector {} and no ingress rule)")
+    for backend, port in (("agw-inference", 50053), ("agw-retrieval", 50052)):
+        rules = [rule for p in policies if p["spec"]["podSelector"].get("matchLabels") == {
+            "app.kubernetes.io/name": backend} for rule in p["spec"].get("ingress", [])]
+        admitting = [r for r in rules if any(p.get("port") == port for p in r.get("ports", []))]
+        sources = [source for r in admitting for source in r.get("from", [None])]
+        if not admitting or sources != [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "agw-gateway"}}}]:
+            problems.append(f"NetworkPolicy: {backend}'s port {port} must admit the gateway's pods only (got {sources})")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    directories = [Path(a) for a in (argv if argv is not None else sys.argv[1:])] or list(DEFAULT_DIRS)
+    problems = [f"{directory}: {problem}" for directory in directories for problem in check(render(directory))]
+    for problem in problems:
+        print(problem)
+    if not problems:
+        print(f"{', '.join(map(str, directories))}: valid (Kubernetes {KUBERNETES_VERSION} schemas) and consistent")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

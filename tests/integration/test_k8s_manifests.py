@@ -1,0 +1,112 @@
+"""deploy/k8s, checked offline (no cluster runs here): the Kubernetes schemas, the cert-manager schema kept
+in the repo, and the code (settings, ports, identities), for the base and the GPU overlay. Each check is
+also shown to fire on a manifest broken the way it guards against."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from agentgw import k8scheck
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def base() -> list[dict]:
+    return k8scheck.render(k8scheck.ROOT / "base")
+
+
+def _find(docs: list[dict], kind: str, name: str) -> dict:
+    return next(d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name)
+
+
+def _container(docs: list[dict], kind: str, name: str) -> dict:
+    return _find(docs, kind, name)["spec"]["template"]["spec"]["containers"][0]
+
+
+def _env(container: dict, name: str) -> dict:
+    return next(e for e in container["env"] if e["name"] == name)
+
+
+def test_the_base_and_the_gpu_overlay_hold():
+    assert k8scheck.main([]) == 0
+    for directory in k8scheck.DEFAULT_DIRS:
+        assert k8scheck.check(k8scheck.render(directory)) == []
+
+
+def test_the_deployment_has_what_the_issue_asks_for(base):
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in base}
+    assert {("Deployment", "agw-gateway"), ("HorizontalPodAutoscaler", "agw-gateway"), ("Service", "agw-gateway"),
+            ("PodDisruptionBudget", "agw-gateway"), ("StatefulSet", "agw-inference"), ("Service", "agw-inference"),
+            ("Deployment", "agw-retrieval"), ("StatefulSet", "agw-qdrant"), ("Deployment", "agw-otel-collector"),
+            ("Deployment", "agw-jaeger"), ("Issuer", "agw-ca"), ("Certificate", "agw-gateway")} <= kinds
+    assert _find(base, "Service", "agw-gateway")["spec"]["ports"][0]["appProtocol"] == "grpc"
+    assert _find(base, "Service", "agw-inference")["spec"]["clusterIP"] == "None"
+    assert _find(base, "Deployment", "agw-retrieval")["spec"]["replicas"] > 1
+    assert "AGW_QDRANT_URL" in {e["name"] for e in _container(base, "Deployment", "agw-retrieval")["env"]}
+    gateway = _container(base, "Deployment", "agw-gateway")
+    assert _env(gateway, "AGW_DATABASE_URL")["valueFrom"]["secretKeyRef"]["name"] == "agw-database"
+    assert int(_env(gateway, "AGW_GATEWAY_MAX_CONNECTION_AGE_S")["value"]) > 0
+    inference = _container(base, "StatefulSet", "agw-inference")
+    startup = inference["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600  # model loading
+    assert all(d["metadata"]["namespace"] == "agw" for d in base if d["kind"] != "Namespace")
+
+
+def test_the_gpu_overlay_asks_for_a_gpu_and_a_model():
+    inference = _container(k8scheck.render(k8scheck.ROOT / "overlays" / "gpu"), "StatefulSet", "agw-inference")
+    assert inference["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert inference["image"].startswith("registry.example.com/agent-gateway-gpu:")
+    names = [e["name"] for e in inference["env"]]
+    assert "AGW_MODEL" in names and "AGW_INFERENCE_REPLICA_NAME" in names  # merged, not replaced
+
+
+def _broken(docs: list[dict], change) -> list[str]:
+    docs = copy.deepcopy(docs)
+    change(docs)
+    return k8scheck.check(docs)
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    # The Kubernetes schemas, strict, and the cert-manager schema kept in the repo.
+    (lambda d: _find(d, "Deployment", "agw-gateway")["spec"].update(replica=3), "replica"),
+    (lambda d: _container(d, "Deployment", "agw-gateway").update(imagePullPolicy=7), "Deployment/agw-gateway"),
+    (lambda d: _find(d, "Certificate", "agw-gateway")["spec"].update(dnsName=["x"]), "Certificate/agw-gateway"),
+    (lambda d: _find(d, "Certificate", "agw-gateway")["spec"].update(usages=["server"]), "Certificate/agw-gateway"),
+    # The code: settings, ports, targets.
+    (lambda d: _container(d, "Deployment", "agw-gateway")["env"].append({"name": "AGW_GATEWAY_WORKRES", "value": "1"}),
+     "AGW_GATEWAY_WORKRES is not a setting of the gateway service"),
+    (lambda d: _env(_container(d, "StatefulSet", "agw-inference"), "AGW_INFERENCE_PORT").update(value="50099"),
+     "AGW_INFERENCE_PORT (50099) is not one of its container ports"),
+    (lambda d: _env(_container(d, "Deployment", "agw-gateway"), "AGW_GATEWAY_INFERENCE_TARGETS").update(
+        value="dns:///agw-inference.agw.svc.cluster.local:50099"), "the Service does not forward port 50099"),
+    (lambda d: _env(_container(d, "Deployment", "agw-gateway"), "AGW_GATEWAY_RETRIEVAL_TARGET").update(
+        value="search:50052"), "names no Service selecting the retrieval pods"),
+    (lambda d: _find(d, "Service", "agw-inference")["spec"].pop("clusterIP"), "needs a headless Service"),
+    # Identities: each its own folder, from its own Certificate.
+    (lambda d: _find(d, "Certificate", "agw-inference")["spec"].update(uris=["spiffe://agentgw.local/service/gateway"]),
+     "not ['spiffe://agentgw.local/service/inference']"),
+    (lambda d: _container(d, "Deployment", "agw-retrieval")["volumeMounts"].append(
+        {"name": "tls", "mountPath": "/tls/service/gateway", "readOnly": True}), "must mount exactly its own identity"),
+    (lambda d: _container(d, "Deployment", "agw-gateway")["volumeMounts"][0].update(readOnly=False),
+     "must mount exactly its own identity folder /tls/service/gateway, read-only"),
+    # Probes, shutdown, hardening.
+    (lambda d: _container(d, "Deployment", "agw-gateway").update(readinessProbe={"grpc": {"port": 50051}}),
+     "readinessProbe must run python -m agentgw.healthcheck"),
+    (lambda d: _find(d, "Deployment", "agw-gateway")["spec"]["template"]["spec"].update(terminationGracePeriodSeconds=20),
+     "terminationGracePeriodSeconds 20 < preStop 5 s + AGW_GRACE_S 25"),
+    (lambda d: _container(d, "Deployment", "agw-retrieval")["securityContext"].update(readOnlyRootFilesystem=False),
+     "readOnlyRootFilesystem true"),
+    (lambda d: _container(d, "Deployment", "agw-retrieval")["resources"].pop("limits"), "requests and limits"),
+    (lambda d: _container(d, "Deployment", "agw-jaeger").update(image="jaegertracing/all-in-one:latest"),
+     "is not pinned"),
+    # The network: backends admit the gateway only.
+    (lambda d: d.remove(_find(d, "NetworkPolicy", "default-deny-ingress")), "no default deny"),
+    (lambda d: _find(d, "NetworkPolicy", "inference-ingress")["spec"]["ingress"][0].pop("from"),
+     "agw-inference's port 50053 must admit the gateway's pods only"),
+])
+def test_each_check_fires(base, change, expected):
+    problems = _broken(base, change)
+    assert any(expected in problem for problem in problems), problems
