@@ -299,8 +299,9 @@ def _pool(settings: GatewaySettings, name: str, target: str, service, tls: Clien
                        if settings.backend_probe_s else None)
 
 
-def _replicas(settings: GatewaySettings, tls: ClientTls) -> Replicas:
-    """The inference replicas, each opened as a pool is (waiting for it at start only as on_backend_down says)."""
+def _replicas(settings: GatewaySettings, tls: ClientTls, resolve=None) -> Replicas:
+    """The inference replicas, each opened as a pool is (waiting for it at start only as on_backend_down says);
+    ``resolve(host, port)``: the addresses of a ``dns:///`` entry (default the system resolver)."""
 
     async def open_pool(address: str, server_name: str | None, tls: ClientTls, first: bool) -> ChannelPool:
         pool = _pool(settings, "inference", address, INFERENCE_SERVICE, dataclasses.replace(tls, server_name=server_name))
@@ -316,7 +317,7 @@ def _replicas(settings: GatewaySettings, tls: ClientTls) -> Replicas:
                     margin=settings.routing_load_margin)
     return Replicas(settings.inference_target_list, open_pool, router, tls=tls,
                     max_waiting=settings.max_inference_waiting, resolve_s=settings.inference_resolve_s,
-                    server_name=settings.backend_server_name)
+                    server_name=settings.backend_server_name, drain_s=settings.default_deadline_s, resolve=resolve)
 
 
 @asynccontextmanager

@@ -22,7 +22,7 @@ import ipaddress
 import logging
 import socket
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import grpc
 
@@ -58,6 +58,8 @@ class Replica:
         self.kv_cache_usage = 0.0
         self._in_flight_at_report = 0
         self.routed: Counter[Reason] = Counter()
+        #: Gone from DNS: no new calls; its pool closes once the calls on it are done (a draining pod).
+        self.leaving = False
         self.prompt_tokens = 0
         self.cached_prompt_tokens = 0
         self._watch: asyncio.Task | None = None
@@ -74,7 +76,8 @@ class Replica:
 
     @property
     def routable(self) -> bool:
-        return (self.load_known and self.pool.serving
+        """SERVING (its health watch), its load reported at least once, and a channel not stalled."""
+        return (self.load_known and self.pool.serving and not self.leaving
                 and not all(p.stalled for p in self.pool.channels))
 
     def note_usage(self, usage) -> None:
@@ -111,16 +114,27 @@ class Replica:
                                 self.address)
                     self.load_known = True
                     return
-                if self.load_known:
-                    log.warning("inference replica %s (%s): load stream lost (%s); out of routing until it "
-                                "returns", self.name, self.address, exc.code().name)
-            self.load_known = False
-            await asyncio.sleep(0.5)
+                # The replica's health watch, not this stream, takes it out of routing: a stream that ends with
+                # its channel (a certificate rotation replaces channels) must not make a healthy replica vanish.
+                # Until the stream is back, the last load plus this worker's calls since stand in.
+                log.info("inference replica %s (%s): load stream ended (%s); reconnecting", self.name,
+                         self.address, exc.code().name)
+            await asyncio.sleep(0.2)
 
     async def close(self) -> None:
         if self._watch is not None:
             await cancel_and_wait(self._watch)
         await self.pool.close()
+
+    async def drain_and_close(self, within_s: float) -> None:
+        """Close once this worker's calls on it have finished (a pod leaving DNS is draining), or after ``within_s``."""
+        self.leaving = True
+        deadline = asyncio.get_running_loop().time() + within_s
+        try:
+            while self.in_flight and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.2)
+        finally:  # the gateway stopping meanwhile closes it too
+            await self.close()
 
 
 def dns_entry(entry: str) -> tuple[str, int] | None:
@@ -129,6 +143,12 @@ def dns_entry(entry: str) -> tuple[str, int] | None:
         return None
     host, _, port = entry[len(DNS_PREFIX):].rpartition(":")
     return host, int(port)
+
+
+async def resolve_addresses(host: str, port: int) -> list[str]:
+    """The addresses DNS gives ``host`` (the system resolver, in a thread: it never blocks the loop)."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(info[4][0] for info in infos))
 
 
 def address(host: str, port: int) -> str:
@@ -144,9 +164,11 @@ class Replicas:
     """
 
     def __init__(self, entries: list[str], open_pool: Callable, router: Router, *, tls: ClientTls,
-                 max_waiting: int, resolve_s: float, server_name: str | None) -> None:
+                 max_waiting: int, resolve_s: float, server_name: str | None, drain_s: float = 30.0,
+                 resolve: Callable[[str, int], Awaitable[list[str]]] | None = None) -> None:
         self.entries = entries
         self.tls = tls
+        self._resolve_name = resolve or resolve_addresses
         self._open_pool = open_pool
         self.router = router
         self.max_waiting = max_waiting
@@ -154,6 +176,9 @@ class Replicas:
         self.server_name = server_name
         self.replicas: dict[str, Replica] = {}
         self._resolver: asyncio.Task | None = None
+        self._leaving: set[asyncio.Task] = set()
+        #: How long a replica that left DNS keeps its pool for the calls still on it.
+        self.drain_s = drain_s
 
     @property
     def policy(self) -> Policy:
@@ -176,22 +201,23 @@ class Replicas:
     async def _resolve(self) -> dict[str, str | None]:
         """Every replica's address, with the name to verify its certificate as (None: the dialled host)."""
         found: dict[str, str | None] = {}
-        loop = asyncio.get_running_loop()
         for entry in self.entries:
             named = dns_entry(entry)
             if named is None:
                 found[entry] = self.server_name
                 continue
             host, port = named
-            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)  # in a thread: never blocks
-            for info in infos:
-                found[address(info[4][0], port)] = self.server_name or host
+            for ip in await self._resolve_name(host, port):
+                found[address(ip, port)] = self.server_name or host
         return found
 
     async def _sync(self, found: dict[str, str | None], *, first: bool = False) -> None:
         for gone in [a for a in self.replicas if a not in found]:
-            log.warning("inference replica %s left DNS; closing its pool", gone)
-            await self.replicas.pop(gone).close()
+            replica = self.replicas.pop(gone)
+            log.warning("inference replica %s (%s) left DNS; no new calls, its pool closes once the %d calls on it "
+                        "are done", replica.name, gone, replica.in_flight)
+            self._leaving.add(asyncio.create_task(replica.drain_and_close(self.drain_s), name=f"leave-{gone}"))
+            self._leaving = {task for task in self._leaving if not task.done()}
         for new in [a for a in found if a not in self.replicas]:
             pool = await self._open_pool(new, found[new], self.tls, first)
             replica = self.replicas[new] = Replica(new, pool, found[new])
@@ -235,5 +261,6 @@ class Replicas:
     async def close(self) -> None:
         if self._resolver is not None:
             await cancel_and_wait(self._resolver)
+        await cancel_and_wait(*self._leaving)
         await asyncio.gather(*(replica.close() for replica in self.replicas.values()), return_exceptions=True)
         self.replicas.clear()

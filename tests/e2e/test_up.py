@@ -31,20 +31,22 @@ SERVICES = ("GATEWAY", "RETRIEVAL", "INFERENCE")
 class Up:
     """`agentgw up` in a subprocess, its output read line by line on a thread."""
 
-    def __init__(self, home: Path, **env: str) -> None:
+    def __init__(self, home: Path, *args: str, **env: str) -> None:
         self.home = home
         self.ports = {name: free_port() for name in SERVICES}
+        if "--inference-replicas" in args:  # replicas take consecutive ports from the inference service's
+            self.ports["INFERENCE"] = _free_pair()
         self.env = {key: value for key, value in os.environ.items()
                     if not key.startswith(("AGW_", "OTEL_"))}  # nothing of the test session leaks in
         self.env.update(TEST_ENGINE_ENV)
         self.env["AGW_HOME"] = str(home)
         for name, port in self.ports.items():
             self.env[f"AGW_{name}_PORT"] = str(port)
-            self.env[f"AGW_{name}_METRICS_PORT"] = str(free_port())
+            self.env[f"AGW_{name}_METRICS_PORT"] = str(_free_pair() if name == "INFERENCE" else free_port())
         self.env.update(env)
         self.lines: queue.Queue[str] = queue.Queue()
         self.output: list[str] = []
-        self.process = subprocess.Popen([sys.executable, "-m", "agentgw.cli", "up"], env=self.env,
+        self.process = subprocess.Popen([sys.executable, "-m", "agentgw.cli", "up", *args], env=self.env,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -87,6 +89,13 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"  # a zombie has exited; only its parent's wait is missing
+
+
+def _free_pair() -> int:
+    """A free port whose next one is free too."""
+    while not _free((port := free_port()) + 1):
+        pass
+    return port
 
 
 def _free(port: int) -> bool:
@@ -179,8 +188,9 @@ def test_a_second_up_reuses_the_data_and_the_doctor_names_what_is_off(tmp_path):
     finally:
         assert first.stop() == 0
 
-    # Same data, but the two latency features this checks switched off.
-    second = Up(home, AGW_INFERENCE_ENABLE_PREFIX_CACHING="0", AGW_RETRIEVAL_TRIM_PAYLOADS="0")
+    # Same data, but the two latency features this checks switched off; and two inference replicas.
+    second = Up(home, "--inference-replicas", "2", AGW_INFERENCE_ENABLE_PREFIX_CACHING="0",
+                AGW_RETRIEVAL_TRIM_PAYLOADS="0")
     try:
         second.wait_for("Ctrl-C drains and stops everything")
         assert "sample corpus" not in "".join(second.output)  # ingested once, kept
@@ -194,5 +204,11 @@ def test_a_second_up_reuses_the_data_and_the_doctor_names_what_is_off(tmp_path):
         assert any("prefix caching on" in line for line in failed), doctor.stdout
         assert any("Search payloads trimmed" in line for line in failed), doctor.stdout
         assert "AGW_INFERENCE_ENABLE_PREFIX_CACHING" in doctor.stdout and "AGW_RETRIEVAL_TRIM_PAYLOADS" in doctor.stdout
+        # Both replicas serve, and the gateway routes across them.
+        assert "  inference-2 service on port" in "".join(second.output)
+        for name in ("inference-1", "inference-2"):
+            assert any(line.startswith("PASS  replica " + name) and "routable" in line
+                       for line in doctor.stdout.splitlines()), doctor.stdout
+        assert "affinity: inference-1 " in doctor.stdout and " / inference-2 " in doctor.stdout
     finally:
         assert second.stop() == 0

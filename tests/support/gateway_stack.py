@@ -55,11 +55,16 @@ def established_peers(port: int) -> set[str]:
 
 
 @asynccontextmanager
-async def gateway_server(tls_dir: Path, inference_port: int | list[int], retrieval_port: int, *, database_url: str,
+async def gateway_server(tls_dir: Path, inference_port: int | list[int] | str, retrieval_port: int, *, database_url: str,
                          **overrides):
-    """The gateway in-process; ``inference_port`` a list: replicas (AGW_GATEWAY_INFERENCE_TARGETS)."""
-    inference = ({"inference_targets": ",".join(f"127.0.0.1:{port}" for port in inference_port)}
-                 if isinstance(inference_port, list) else {"inference_target": f"127.0.0.1:{inference_port}"})
+    """The gateway in-process; ``inference_port`` a list: replicas (AGW_GATEWAY_INFERENCE_TARGETS); a string: those
+    targets as written."""
+    if isinstance(inference_port, str):
+        inference = {"inference_targets": inference_port}
+    elif isinstance(inference_port, list):
+        inference = {"inference_targets": ",".join(f"127.0.0.1:{port}" for port in inference_port)}
+    else:
+        inference = {"inference_target": f"127.0.0.1:{inference_port}"}
     settings = GatewaySettings(
         tls_dir=tls_dir, port=0, grace_s=1.0, reuse_port=False, database_url=database_url,
         retrieval_target=f"127.0.0.1:{retrieval_port}", **inference, **overrides,

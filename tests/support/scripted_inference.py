@@ -46,6 +46,7 @@ class ScriptedSettings(ServiceSettings):
     open_generate: bool = True  # false: answer OpenGenerate UNIMPLEMENTED, as a service older than it
     closed_file: Path | None = None
     fail_generate: bool = False  # true: every Generate and OpenGenerate ends UNAVAILABLE before a message
+    replica_name: str = ""  # set: answer WatchLoad (idle, with this name), as an inference service does
 
 
 def parse_script(prompt: str) -> tuple[int, float, int]:
@@ -68,9 +69,10 @@ def _result(script: str, generation: int) -> inference_pb2.GenerationResult:
 class ScriptedInference(inference_pb2_grpc.InferenceServicer):
     """Generate and OpenGenerate (unless ``open_generate`` is off, as an older service) with scripted output."""
 
-    def __init__(self, open_generate: bool = True, fail_generate: bool = False) -> None:
+    def __init__(self, open_generate: bool = True, fail_generate: bool = False, replica_name: str = "") -> None:
         self.open_generate = open_generate
         self.fail_generate = fail_generate
+        self.replica_name = replica_name
         self.closed: list[str] = []
         #: Generate calls started (Chat turns that reached the engine).
         self.generations = 0
@@ -126,6 +128,12 @@ class ScriptedInference(inference_pb2_grpc.InferenceServicer):
         finally:
             self.closed.append(request.prompt)
 
+    async def WatchLoad(self, request, context):
+        if not self.replica_name:
+            raise NotImplementedError  # as a service older than WatchLoad
+        await context.write(inference_pb2.WatchLoadResponse(replica=self.replica_name))
+        await asyncio.Event().wait()  # idle for ever: no change to push
+
     async def Tokenize(self, request, context):
         if request.text == "invalid":
             raise InvalidArgument("text", "scripted invalid input")
@@ -142,7 +150,8 @@ class ScriptedApp:
 
     def __init__(self, settings: ScriptedSettings) -> None:
         self.settings = settings
-        self.servicer = ScriptedInference(open_generate=settings.open_generate, fail_generate=settings.fail_generate)
+        self.servicer = ScriptedInference(open_generate=settings.open_generate, fail_generate=settings.fail_generate,
+                                          replica_name=settings.replica_name)
 
     def register(self, server) -> None:
         inference_pb2_grpc.add_InferenceServicer_to_server(self.servicer, server)

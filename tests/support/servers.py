@@ -47,7 +47,7 @@ def free_port() -> int:
 @asynccontextmanager
 async def scripted_app(tls_dir: Path, *, credentials: grpc.ServerCredentials | None = None, **overrides):
     """A scripted Inference server on a free loopback port; yields (RunningService, ScriptedApp)."""
-    settings = ScriptedSettings(tls_dir=tls_dir, port=0, grace_s=2.0, **overrides)
+    settings = ScriptedSettings(tls_dir=tls_dir, **{"port": 0, "grace_s": 2.0, **overrides})
     app = ScriptedApp(settings)
     async with running_service(app, settings, credentials=credentials) as running:
         yield running, app

@@ -1,0 +1,309 @@
+#!/usr/bin/env python3
+"""Routing across two inference replicas: cached prompt tokens, TTFT and load split, by policy; then a replica
+killed mid-run and started again.
+
+Starts retrieval, a private Postgres and two inference services (smoke model, 2 GiB of KV cache each), then,
+for each policy, a gateway (one worker) and the same workload: sessions of three tenants (each tenant with its
+own stable system prompt), in rounds; in each round every session sends one turn, in a shuffled order, at
+``--concurrency`` turns at a time, so both replicas stay busy (two engines on this box that take turns request
+by request stall, docs/benchmarks.md). A turn is an agent's: a user message carrying a tool's output of about
+``--message-words`` words, and ``--max-tokens`` generated. Each policy's prompts start with a nonce of their own,
+so no policy finds what an earlier one left in the caches.
+
+Policies: ``single`` (one replica: the baseline the cache goal compares with), ``affinity``, ``round_robin``,
+``least_loaded``. Reported per policy: the fraction of prompt tokens served from the prefix cache (it does not
+depend on this machine's timing, so it leads), TTFT p50/p95/p99 at the client, and the calls each replica got.
+
+``--kill`` adds a phase with ``affinity``: after ``--kill-after`` rounds the second replica is killed (SIGKILL,
+engine and all) while turns run, and started again on its port at once; the rounds go on. Reported: each failed
+turn's status and whether it had received a token, turns per replica per round, and whether the killed
+replica's sessions came back to it once it rejoined.
+
+    python bench/replica_routing.py [--sessions 24] [--rounds 6] [--concurrency 8] [--kill] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import signal
+import time
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+
+import grpc
+from harness import (command_line, dev_pki, gateway_process, inference_process, print_table, retrieval_process,
+                     scratch_dir, summary, write_json)
+
+from agent.gateway.v1 import gateway_pb2 as pb
+from agent.gateway.v1 import gateway_pb2_grpc
+from agent.inference.v1 import inference_pb2
+from servicekit import ChannelSpec, ClientTls, open_channel, wait_ready
+
+TENANTS = ("acme", "globex", "initech")
+WORDS = ("invoice shipment refund order ticket account latency region quota cluster deploy rollback metric alert "
+         "owner budget contract renewal vendor schedule").split()
+
+
+@dataclass
+class Turn:
+    ttft_ms: float | None = None
+    status: str = "OK"
+    got_token: bool = False
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+
+@dataclass
+class Run:
+    policy: str
+    turns: list[Turn] = field(default_factory=list)
+    routed: dict[str, int] = field(default_factory=dict)
+    per_round: list[dict[str, int]] = field(default_factory=list)
+
+
+def _system_prompt(nonce: str, tenant: str) -> str:
+    rules = " ".join(f"Rule {i}: when the {WORDS[i % len(WORDS)]} is late, say so and cite its id." for i in range(12))
+    return f"[{nonce}] You are the operations agent of {tenant}. {rules}"
+
+
+def _message(rng: random.Random, round_: int, words: int) -> str:
+    output = " ".join(rng.choice(WORDS) for _ in range(words))
+    return f"Round {round_}. The tool returned: {output}. What next?"
+
+
+def _channel(port: int, tls, identity: str) -> grpc.aio.Channel:
+    return open_channel(ChannelSpec(target=f"127.0.0.1:{port}", tls=ClientTls.for_identity(tls, identity)))
+
+
+async def _turn(stub, session: str, system: str, message: str, max_tokens: int, on_token=None) -> Turn:
+    turn, started = Turn(), time.perf_counter()
+    try:
+        async for event in stub.Chat(pb.ChatRequest(
+                session_id=session, message=message, system_prompt=system,
+                generation=inference_pb2.SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)),
+                timeout=120):
+            if event.HasField("delta") and not turn.got_token:
+                turn.got_token, turn.ttft_ms = True, (time.perf_counter() - started) * 1000
+                if on_token is not None:
+                    on_token()
+            if event.HasField("final"):
+                turn.prompt_tokens = event.final.usage.prompt_tokens
+                turn.cached_tokens = event.final.usage.cached_prompt_tokens
+    except grpc.aio.AioRpcError as exc:
+        turn.status = exc.code().name
+    return turn
+
+
+async def _routed(operator) -> dict[str, int]:
+    stats = await operator.GetStats(pb.GetStatsRequest(), timeout=10)
+    return {b.replica.name: b.replica.routed_affinity + b.replica.routed_spill + b.replica.routed_retry
+            + b.replica.routed_balanced for b in stats.backends if b.name == "inference"}
+
+
+async def _wait_routable(operator, count: int, within_s: float = 120) -> None:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        stats = await operator.GetStats(pb.GetStatsRequest(), timeout=10)
+        if sum(b.replica.routable for b in stats.backends if b.name == "inference") >= count:
+            return
+        await asyncio.sleep(0.2)
+    raise RuntimeError(f"fewer than {count} replicas routable after {within_s} s")
+
+
+async def workload(port: int, tls, run: Run, args, *, between_rounds=None, on_token=None) -> None:
+    """The rounds of turns through the gateway on ``port``; ``between_rounds(round, operator)`` runs before each
+    round, ``on_token(round)`` at each turn's first token."""
+    rng = random.Random(7)
+    async with AsyncExitStack() as stack:
+        stubs = {}
+        for identity in [*(f"tenant/{t}" for t in TENANTS), "operator/admin"]:
+            channel = await stack.enter_async_context(_channel(port, tls, identity))
+            await wait_ready(channel, timeout_s=30, target=f"gateway as {identity}")
+            stubs[identity] = gateway_pb2_grpc.AgentGatewayStub(channel)
+        operator = stubs.pop("operator/admin")
+        await _wait_routable(operator, 1 if run.policy == "single" else 2)
+        sessions = []
+        for index in range(args.sessions):
+            tenant = TENANTS[index % len(TENANTS)]
+            stub = stubs[f"tenant/{tenant}"]
+            created = await stub.CreateSession(pb.CreateSessionRequest(), timeout=10)
+            sessions.append((stub, created.session.id, _system_prompt(run.policy, tenant)))
+        gate = asyncio.Semaphore(args.concurrency)
+
+        async def one(stub, session, system, round_):
+            async with gate:
+                run.turns.append(await _turn(stub, session, system, _message(rng, round_, args.message_words),
+                                             args.max_tokens, on_token and (lambda: on_token(round_))))
+
+        for round_ in range(args.rounds):
+            if between_rounds is not None:
+                await between_rounds(round_, operator)
+            before = await _routed(operator)
+            order = sessions[:]
+            rng.shuffle(order)
+            await asyncio.gather(*(one(stub, session, system, round_) for stub, session, system in order))
+            after = await _routed(operator)
+            run.per_round.append({name: after[name] - before.get(name, 0) for name in after})
+        run.routed = await _routed(operator)
+
+
+def _row(run: Run) -> dict:
+    ok = [t for t in run.turns if t.status == "OK"]
+    prompt = sum(t.prompt_tokens for t in ok)
+    ttft = summary([t.ttft_ms for t in ok if t.ttft_ms is not None])
+    total = sum(run.routed.values()) or 1
+    return {"policy": run.policy, "turns": len(run.turns), "failed": len(run.turns) - len(ok),
+            "prompt_tokens": prompt,
+            "cached_fraction": sum(t.cached_tokens for t in ok) / prompt if prompt else 0.0,
+            "ttft_p50_ms": ttft["p50"], "ttft_p95_ms": ttft["p95"], "ttft_p99_ms": ttft["p99"],
+            "split": " / ".join(f"{name} {count / total:.0%}" for name, count in sorted(run.routed.items()))}
+
+
+class Stack:
+    """Retrieval, Postgres and the two inference replicas, started once; gateways come and go."""
+
+    def __init__(self, root, tls, kv_cache_gib: float) -> None:
+        import pgserver
+
+        self.root, self.tls, self.kv_cache_gib = root, tls, kv_cache_gib
+        self.postgres = pgserver.get_server(root / "postgres", cleanup_mode="stop")
+        self.started = []
+        self.retrieval = self._start(retrieval_process(root, tls, "retrieval"))
+        self.replicas = [self._start(self._replica(index)) for index in range(2)]
+        self.ports = {"retrieval": self.retrieval.wait_serving(), "database_url": self.postgres.get_uri()}
+        self.replica_ports = [replica.wait_serving() for replica in self.replicas]
+
+    def _start(self, process):
+        self.started.append(process)
+        return process
+
+    def _replica(self, index: int, port: int = 0):
+        return inference_process(self.root, self.tls, f"inference-{index + 1}-{time.monotonic_ns()}",
+                                 AGW_INFERENCE_KV_CACHE_GIB=str(self.kv_cache_gib),
+                                 AGW_INFERENCE_REPLICA_NAME=f"replica-{index + 1}",
+                                 **({"AGW_INFERENCE_PORT": str(port)} if port else {}))
+
+    def gateway(self, name: str, policy: str):
+        targets = self.replica_ports[:1] if policy == "single" else self.replica_ports
+        process = self._start(gateway_process(self.root, self.tls, name, {**self.ports, "inference": 0}, **{
+            "AGW_GATEWAY_INFERENCE_TARGET": "",
+            "AGW_GATEWAY_INFERENCE_TARGETS": ",".join(f"127.0.0.1:{p}" for p in targets),
+            "AGW_GATEWAY_INFERENCE_ROUTING": "affinity" if policy == "single" else policy}))
+        return process, process.wait_serving()
+
+    def kill_and_restart(self, index: int):
+        os.killpg(self.replicas[index].pid, signal.SIGKILL)
+        self.replicas[index].process.wait()
+        self.replicas[index] = self._start(self._replica(index, self.replica_ports[index]))
+
+    def close(self) -> None:
+        for process in reversed(self.started):
+            process.stop()
+        self.postgres.cleanup()
+
+
+async def kill_phase(stack: Stack, args) -> tuple[Run, dict]:
+    """affinity, with replica 2 killed (and restarted) while round ``--kill-after`` runs."""
+    run = Run("affinity, replica 2 killed")
+    gateway, port = stack.gateway("gateway-kill", "affinity")
+    events = {}
+
+    def kill(round_):
+        """At the first token of round ``--kill-after``: turns of that round are streaming."""
+        if round_ == args.kill_after and "killed_at_turn" not in events:
+            events["killed_at_turn"] = len(run.turns)
+            stack.kill_and_restart(1)
+
+    async def between(round_, operator):
+        if round_ == args.kill_after + 2:  # two rounds on the survivor, then wait for the rejoin
+            started = time.perf_counter()
+            await asyncio.to_thread(stack.replicas[1].wait_serving)
+            await _wait_routable(operator, 2)
+            events["rejoined_after_s"] = time.perf_counter() - started
+
+    try:
+        await workload(port, stack.tls, run, args, between_rounds=between, on_token=kill)
+    finally:
+        gateway.stop()
+    return run, events
+
+
+async def kv_tokens(stack: Stack) -> int:
+    """Tokens a replica's KV cache holds (GetModelInfo), asked as an operator."""
+    from agent.inference.v1 import inference_pb2_grpc
+
+    async with _channel(stack.replica_ports[0], stack.tls, "operator/admin") as channel:
+        info = await inference_pb2_grpc.InferenceStub(channel).GetModelInfo(inference_pb2.GetModelInfoRequest(),
+                                                                            timeout=10)
+    return info.kv_cache_tokens
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=24)
+    parser.add_argument("--rounds", type=int, default=6, help="turns per session")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--message-words", type=int, default=120, help="words of tool output in each user message")
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--policies", default="single,affinity,round_robin,least_loaded")
+    parser.add_argument("--kill", action="store_true", help="add the phase with a replica killed and restarted")
+    parser.add_argument("--kill-after", type=int, default=2, help="the round during which the replica dies")
+    parser.add_argument("--kv-cache-gib", type=float, default=2.0,
+                        help="each replica's KV cache; 2 holds every session many times over with the smoke model, "
+                             "a small one makes the cache hold about one replica's share of the sessions")
+    parser.add_argument("--json", type=lambda p: __import__("pathlib").Path(p))
+    args = parser.parse_args()
+    root = scratch_dir("replicas")
+    tls = dev_pki(root, tenants=TENANTS)
+    stack = Stack(root, tls, args.kv_cache_gib)
+    runs, kill = [], None
+    try:
+        kv = await kv_tokens(stack)
+        for policy in args.policies.split(","):
+            run = Run(policy)
+            gateway, port = stack.gateway(f"gateway-{policy}", policy)
+            try:
+                await workload(port, tls, run, args)
+            finally:
+                gateway.stop()
+            runs.append(run)
+        if args.kill:
+            kill = await kill_phase(stack, args)
+    finally:
+        stack.close()
+    report(runs, kill, args, kv)
+
+
+def report(runs: list[Run], kill, args, kv_tokens: int) -> None:
+    rows = [_row(run) for run in runs]
+    print(f"\n{command_line()}")
+    print_table(f"{args.sessions} sessions x {args.rounds} turns, 3 tenants, concurrency {args.concurrency}; "
+                f"each replica's KV cache holds {kv_tokens} tokens", rows,
+                ["policy", "turns", "failed", "prompt_tokens", "cached_fraction", "ttft_p50_ms", "ttft_p95_ms",
+                 "ttft_p99_ms", "split"])
+    by_policy = {row["policy"]: row for row in rows}
+    if {"affinity", "single", "round_robin"} <= set(by_policy):
+        affinity = by_policy["affinity"]["cached_fraction"]
+        print(f"\naffinity cached fraction: {affinity / by_policy['single']['cached_fraction']:.2f}x single's "
+              f"(goal >= 0.90), {affinity / max(by_policy['round_robin']['cached_fraction'], 1e-9):.2f}x "
+              f"round_robin's (goal >= 1.5)")
+    data = {"runs": rows, "kv_cache_tokens": kv_tokens}
+    if kill is not None:
+        run, events = kill
+        failed = [t for t in run.turns if t.status != "OK"]
+        print(f"\n{run.policy}: {len(run.turns)} turns, {len(failed)} failed: "
+              f"{sorted({t.status for t in failed})}; failed before any token: "
+              f"{sum(not t.got_token for t in failed)}; rejoined {events.get('rejoined_after_s', 0):.1f} s after "
+              "the wait began")
+        print_table("turns per replica, by round", [{"round": i, **r} for i, r in enumerate(run.per_round)],
+                    ["round", *sorted({k for r in run.per_round for k in r})])
+        data["kill"] = {"row": _row(run), "per_round": run.per_round, "events": events,
+                        "failed": [t.__dict__ for t in failed]}
+    write_json(args.json, data)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
