@@ -147,28 +147,45 @@ async def test_load_beyond_the_margin_spills_to_the_next_replica_and_returns(
         assert hot.routed[Reason.AFFINITY] == 1  # back on its own replica
 
 
-async def test_a_killed_replica_leaves_routing_fails_only_its_streaming_turn_and_rejoins_when_restarted(
+async def test_a_killed_replica_leaves_routing_retries_only_turns_without_a_token_and_rejoins_when_restarted(
         tmp_path, pki, database_url, inference_service, second_replica):
     addresses = _addresses(inference_service, second_replica)
     async with AsyncExitStack() as stack:
         retrieval, _ = await stack.enter_async_context(retrieval_server(tmp_path / "retrieval", pki.root))
         stub, app = await _gateway(stack, pki, database_url, retrieval.port,
-                                   [inference_service.port, second_replica.port])
-        [session] = await _sessions_on(stub, addresses, 1, 1)
-        await _turn(stub, session)
-        doomed = _replica(app, addresses[1])
+                                   [inference_service.port, second_replica.port], routing_load_margin=8)
+        session, queued_session = await _sessions_on(stub, addresses, 1, 2)
+        for owned in (session, queued_session):  # history, so each turn's early call sends a prefix
+            await _turn(stub, owned)
+        doomed, survivor = _replica(app, addresses[1]), _replica(app, addresses[0])
         streaming = stub.Chat(pb.ChatRequest(session_id=session, message="A long answer.", system_prompt=SYSTEM_PROMPT,
                                              generation=inference_pb2.SamplingParams(max_tokens=2000, ignore_eos=True)),
                               timeout=60)
         assert (await streaming.read()).HasField("delta")
+        # Fill replica 2's batch (4 sequences in the test engine) so the next turn waits in its queue, tokenless.
+        channel = await stack.enter_async_context(
+            mtls_channel(second_replica.port, second_replica.tls_dir, identity="service/gateway"))
+        busy = [inference_pb2_grpc.InferenceStub(channel).Generate(inference_pb2.GenerateRequest(
+            prompt=f"busy {i}", sampling=inference_pb2.SamplingParams(max_tokens=2000, ignore_eos=True)), timeout=60)
+            for i in range(3)]
+        await _until(lambda: doomed.running >= 4, 10, "replica 2's batch full")
+        queued = asyncio.ensure_future(_turn(stub, queued_session))  # load 4 is within the margin: replica 2
+        await _until(lambda: doomed.waiting >= 1, 10, "the turn waiting in replica 2's queue")
+
         os.killpg(second_replica.process.pid, signal.SIGKILL)  # the pod dies, engine and all
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             while await streaming.read() is not grpc.aio.EOF:
                 pass
         assert caught.value.code() == grpc.StatusCode.UNAVAILABLE  # after its first token: no retry
+        await queued  # before its first token: retried on the survivor (a new early call, its prefix resent)
+        assert survivor.routed[Reason.RETRY] == 1
+        for call in busy:
+            call.cancel()
         await _until(lambda: not doomed.routable, 5, "the killed replica leaves routing")
         stored = await stub.ListMessages(pb.ListMessagesRequest(session_id=session), timeout=5)
         assert len(stored.messages) == 2  # the first turn only: nothing of the failed one
+        stored = await stub.ListMessages(pb.ListMessagesRequest(session_id=queued_session), timeout=5)
+        assert len(stored.messages) == 4  # the retried turn, whole
 
         survivor = _replica(app, addresses[0])
         before = survivor.routed[Reason.AFFINITY]

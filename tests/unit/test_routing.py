@@ -141,3 +141,17 @@ def test_the_doctor_reports_each_replicas_hit_rate_and_warns_on_a_skewed_split()
     checks = replica_checks(skewed, "affinity")
     assert checks[1].status == Status.WARN and "NOT routable" in checks[1].measured
     assert checks[2].status == Status.WARN and "1.9x the even share" in checks[2].fix
+
+
+def test_the_replica_settings_are_checked_at_start():
+    from gateway.settings import GatewaySettings
+
+    assert GatewaySettings().inference_target_list == ["127.0.0.1:50053"]
+    assert GatewaySettings(inference_targets="a:1, dns:///b.svc:2").inference_target_list == ["a:1", "dns:///b.svc:2"]
+    for bad, message in (({"inference_target": "a:1", "inference_targets": "b:1"}, "not both"),
+                         ({"inference_targets": "a:1,a:1"}, "lists a replica twice"),
+                         ({"inference_targets": "dns:///b.svc"}, "is not host:port or dns:///name:port"),
+                         ({"inference_targets": "a:99999"}, "is not host:port"),
+                         ({"inference_routing": "random"}, "inference_routing")):
+        with pytest.raises(ValueError, match=message):
+            GatewaySettings(**bad)
