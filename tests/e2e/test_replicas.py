@@ -52,12 +52,26 @@ def _replica(app, address: str):
     return app.servicer.backends.inference.replicas[address]
 
 
-async def _gateway(stack: AsyncExitStack, pki, database_url, retrieval_port: int, ports: list[int], **overrides):
-    gateway, app = await stack.enter_async_context(gateway_server(
-        pki.root, ports, retrieval_port, database_url=database_url, **overrides))
-    await _until(lambda: all(r.routable for r in app.servicer.backends.inference.replicas.values()), 10,
-                 "both replicas routable")
-    return await stack.enter_async_context(gateway_stub(gateway.port, pki.root)), app
+async def _gateways(stack: AsyncExitStack, tmp_path, pki, database_url, replicas, count: int = 1, **overrides):
+    """Retrieval and ``count`` gateways routing across ``replicas`` (inference services), sharing nothing but the
+    backends; each returned as (tenant stub, app) once every replica is routable in it."""
+    retrieval, _ = await stack.enter_async_context(retrieval_server(tmp_path / "retrieval", pki.root))
+    gateways = []
+    for _ in range(count):
+        gateway, app = await stack.enter_async_context(gateway_server(
+            pki.root, [r.port for r in replicas], retrieval.port, database_url=database_url, **overrides))
+        await _until(lambda a=app: all(r.routable for r in a.servicer.backends.inference.replicas.values()), 10,
+                     "both replicas routable")
+        gateways.append((await stack.enter_async_context(gateway_stub(gateway.port, pki.root)), app))
+    return gateways
+
+
+async def _fill(stack: AsyncExitStack, replica, count: int) -> list:
+    """``count`` long generations on ``replica``, called directly (as the gateway), to load it."""
+    channel = await stack.enter_async_context(mtls_channel(replica.port, replica.tls_dir, identity="service/gateway"))
+    return [inference_pb2_grpc.InferenceStub(channel).Generate(inference_pb2.GenerateRequest(
+        prompt=f"busy {i}", sampling=inference_pb2.SamplingParams(max_tokens=2000, ignore_eos=True)), timeout=120)
+        for i in range(count)]
 
 
 async def _sessions_on(stub, addresses: list[str], index: int, count: int) -> list[str]:
@@ -101,11 +115,9 @@ async def test_watch_load_pushes_the_load_at_once_and_when_it_changes(second_rep
 async def test_a_sessions_turns_stay_on_one_replica_from_two_gateways_and_hit_its_cache(
         tmp_path, pki, database_url, inference_service, second_replica):
     addresses = _addresses(inference_service, second_replica)
-    ports = [inference_service.port, second_replica.port]
     async with AsyncExitStack() as stack:
-        retrieval, _ = await stack.enter_async_context(retrieval_server(tmp_path / "retrieval", pki.root))
-        (stub_a, app_a), (stub_b, app_b) = [await _gateway(stack, pki, database_url, retrieval.port, ports)
-                                            for _ in range(2)]
+        (stub_a, app_a), (stub_b, app_b) = await _gateways(stack, tmp_path, pki, database_url,
+                                                          (inference_service, second_replica), count=2)
         sessions = {index: await _sessions_on(stub_a, addresses, index, 3) for index in (0, 1)}
         for index, owned in sessions.items():
             for session in owned:
@@ -124,16 +136,11 @@ async def test_load_beyond_the_margin_spills_to_the_next_replica_and_returns(
         tmp_path, pki, database_url, inference_service, second_replica):
     addresses = _addresses(inference_service, second_replica)
     async with AsyncExitStack() as stack:
-        retrieval, _ = await stack.enter_async_context(retrieval_server(tmp_path / "retrieval", pki.root))
-        stub, app = await _gateway(stack, pki, database_url, retrieval.port,
-                                   [inference_service.port, second_replica.port], routing_load_margin=1)
+        [(stub, app)] = await _gateways(stack, tmp_path, pki, database_url, (inference_service, second_replica),
+                                        routing_load_margin=1)
         [session] = await _sessions_on(stub, addresses, 1, 1)
         hot = _replica(app, addresses[1])
-        channel = await stack.enter_async_context(
-            mtls_channel(second_replica.port, second_replica.tls_dir, identity="service/gateway"))
-        busy = [inference_pb2_grpc.InferenceStub(channel).Generate(inference_pb2.GenerateRequest(
-            prompt=f"busy {i}", sampling=inference_pb2.SamplingParams(max_tokens=2000, ignore_eos=True)), timeout=120)
-            for i in range(3)]
+        busy = await _fill(stack, second_replica, 3)
         try:
             await _until(lambda: hot.load >= 3, 10, "the gateway sees replica 2's load")
             await _turn(stub, session)
@@ -151,9 +158,8 @@ async def test_a_killed_replica_leaves_routing_retries_only_turns_without_a_toke
         tmp_path, pki, database_url, inference_service, second_replica):
     addresses = _addresses(inference_service, second_replica)
     async with AsyncExitStack() as stack:
-        retrieval, _ = await stack.enter_async_context(retrieval_server(tmp_path / "retrieval", pki.root))
-        stub, app = await _gateway(stack, pki, database_url, retrieval.port,
-                                   [inference_service.port, second_replica.port], routing_load_margin=8)
+        [(stub, app)] = await _gateways(stack, tmp_path, pki, database_url, (inference_service, second_replica),
+                                        routing_load_margin=8)
         session, queued_session = await _sessions_on(stub, addresses, 1, 2)
         for owned in (session, queued_session):  # history, so each turn's early call sends a prefix
             await _turn(stub, owned)
@@ -163,11 +169,7 @@ async def test_a_killed_replica_leaves_routing_retries_only_turns_without_a_toke
                               timeout=60)
         assert (await streaming.read()).HasField("delta")
         # Fill replica 2's batch (4 sequences in the test engine) so the next turn waits in its queue, tokenless.
-        channel = await stack.enter_async_context(
-            mtls_channel(second_replica.port, second_replica.tls_dir, identity="service/gateway"))
-        busy = [inference_pb2_grpc.InferenceStub(channel).Generate(inference_pb2.GenerateRequest(
-            prompt=f"busy {i}", sampling=inference_pb2.SamplingParams(max_tokens=2000, ignore_eos=True)), timeout=60)
-            for i in range(3)]
+        busy = await _fill(stack, second_replica, 3)
         await _until(lambda: doomed.running >= 4, 10, "replica 2's batch full")
         queued = asyncio.ensure_future(_turn(stub, queued_session))  # load 4 is within the margin: replica 2
         await _until(lambda: doomed.waiting >= 1, 10, "the turn waiting in replica 2's queue")
