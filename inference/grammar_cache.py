@@ -33,6 +33,7 @@ the speed-up, never correctness.
 from __future__ import annotations
 
 import logging
+import threading
 from collections import OrderedDict
 
 log = logging.getLogger(__name__)
@@ -47,16 +48,21 @@ def _patch_backend(guidance_backend, guidance_grammar) -> None:
     compile_uncached = guidance_backend.compile_grammar
 
     def compile_grammar(self, request_type, grammar_spec, stop_token_ids=None):
+        # vLLM compiles in its pool's threads and, for cached grammars now, in the scheduler's: one lock.
+        lock = self.__dict__.setdefault("agw_grammars_lock", threading.Lock())
         cache = self.__dict__.setdefault("agw_grammars", OrderedDict())
         key = (request_type, grammar_spec)
-        pristine = cache.get(key)
+        with lock:
+            pristine = cache.get(key)
+            if pristine is not None:
+                cache.move_to_end(key)
         if pristine is None:
             grammar = compile_uncached(self, request_type, grammar_spec, stop_token_ids)
-            cache[key] = grammar.ll_matcher.deep_copy()  # before the request consumes a token
-            if len(cache) > MAX_GRAMMARS:
-                cache.popitem(last=False)
+            with lock:
+                cache[key] = grammar.ll_matcher.deep_copy()  # before the request consumes a token
+                if len(cache) > MAX_GRAMMARS:
+                    cache.popitem(last=False)
             return grammar
-        cache.move_to_end(key)
         return guidance_grammar(ll_matcher=pristine.deep_copy(), ll_tokenizer=self.ll_tokenizer,
                                 vocab_size=self.vocab_size)
 
