@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer("agent-gateway.inference")
 
 INFERENCE_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["Inference"]
+#: The longest WatchLoad interval a caller may ask for: a stream that never speaks is not a load signal.
+MAX_LOAD_WATCH_INTERVAL_MS = 60_000
 
 
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
@@ -170,7 +172,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         that a change notification would save, and keeps the engine's request
         path free of watcher bookkeeping.
         """
-        interval_s = max(request.interval_ms, self.load_watch_interval_ms) / 1000
+        interval_s = min(max(request.interval_ms, self.load_watch_interval_ms), MAX_LOAD_WATCH_INTERVAL_MS) / 1000
         last = None
         while True:
             load = self._engine().load()
