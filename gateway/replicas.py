@@ -4,10 +4,10 @@
 is re-resolved every ``AGW_GATEWAY_INFERENCE_RESOLVE_S`` (a Kubernetes
 headless Service), one replica per address, verified as ``name`` (or
 ``AGW_GATEWAY_BACKEND_SERVER_NAME``). A replica is routable while its health
-says SERVING, a channel is not stalled, and its load is known; it leaves
-routing the moment its health watch or load stream breaks (both ride the
-pool's connections, so a dead connection ends them), and rejoins when they
-come back, without a restart.
+says SERVING, a channel is not stalled, and its load has been reported; it
+leaves routing the moment its health watch breaks (it rides the pool's
+connections, so a dead connection ends it), and rejoins when the watch says
+SERVING again, without a restart.
 
 Load is what the replica pushes on ``WatchLoad`` (waiting + running), plus the
 calls this worker started on it since that report: between two reports
@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 DNS_PREFIX = "dns:///"
 #: Least time between two WatchLoad messages the gateway asks for.
 LOAD_INTERVAL_MS = 100
+#: A WatchLoad stream that ended is reopened after the first delay, doubling to the second while it fails.
+RECONNECT_S = (0.2, 2.0)
 
 
 class Replica:
@@ -90,13 +92,14 @@ class Replica:
         self._watch = asyncio.create_task(self._watch_load(named_by_replica), name=f"load-{self.address}")
 
     async def _watch_load(self, named_by_replica: bool) -> None:
-        """Follow the replica's WatchLoad; reconnect when it breaks (load unknown meanwhile: not routable)."""
+        """Follow the replica's WatchLoad; reconnect when it ends, backing off from 0.2 to 2 s while it is down."""
         request = inference_pb2.WatchLoadRequest(interval_ms=LOAD_INTERVAL_MS)
+        delay_s = RECONNECT_S[0]
         while True:
             try:
-                # On the pool's first channel: a dead connection ends this stream, and so routing to it, at once.
                 stub = self.pool.channels[0].stub(inference_pb2_grpc.InferenceStub)
                 async for load in stub.WatchLoad(request):
+                    delay_s = RECONNECT_S[0]
                     self.running, self.waiting = load.running_requests, load.waiting_requests
                     self.kv_cache_usage = load.kv_cache_usage
                     self._in_flight_at_report = self.in_flight
@@ -117,9 +120,11 @@ class Replica:
                 # The replica's health watch, not this stream, takes it out of routing: a stream that ends with
                 # its channel (a certificate rotation replaces channels) must not make a healthy replica vanish.
                 # Until the stream is back, the last load plus this worker's calls since stand in.
-                log.info("inference replica %s (%s): load stream ended (%s); reconnecting", self.name,
-                         self.address, exc.code().name)
-            await asyncio.sleep(0.2)
+                if delay_s == RECONNECT_S[0]:  # once per outage, not per attempt
+                    log.info("inference replica %s (%s): load stream ended (%s); reconnecting", self.name,
+                             self.address, exc.code().name)
+            await asyncio.sleep(delay_s)
+            delay_s = min(delay_s * 2, RECONNECT_S[1])
 
     async def close(self) -> None:
         if self._watch is not None:
