@@ -113,7 +113,7 @@ async def gateway_checks(connection: Connection) -> list[Check]:
         connects = sum(c.connections_ready for c in backend.channels)
         reused = connects <= len(backend.channels) * 2
         checks.append(Check(
-            f"channels reused ({backend.name})", Status.PASS if reused else Status.WARN,
+            f"channels reused ({backend.replica.name or backend.name})", Status.PASS if reused else Status.WARN,
             f"{connects} connections for {calls} calls on {len(backend.channels)} channels",
             "connections keep dropping: check keepalive settings (AGW_KEEPALIVE_TIME_S) against any proxy's "
             "idle timeout, and the backend's health"))

@@ -41,7 +41,7 @@ CERT_MANAGER_SCHEMA = ROOT / "schemas" / "cert-manager.io-v1.json"
 #: The Kubernetes release whose schemas the manifests are held to.
 KUBERNETES_VERSION = "1.31.0"
 CLUSTER_SCOPED = {"Namespace", "ClusterIssuer", "ClusterRole", "ClusterRoleBinding"}
-#: Our services' gRPC ports by service, as their settings default them (and the manifests must set them).
+#: The probe every container of ours must run: the mTLS health check client.
 HEALTHCHECK = ["python", "-m", "agentgw.healthcheck"]
 
 

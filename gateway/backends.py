@@ -54,11 +54,11 @@ class Route:
     reason: Reason
     tried: tuple[Replica, ...] = ()
 
-    def note(self, span=None) -> None:
-        """Count the routing and put it on ``span`` (the current one by default)."""
+    def note(self) -> None:
+        """Count the routing and put it on the current span (the call's: Chat's generation, Generate's server)."""
         self.replica.routed[self.reason] += 1
         _ROUTED.add(1, {"replica": self.replica.name, "reason": self.reason.value})
-        (span or trace.get_current_span()).set_attributes({
+        trace.get_current_span().set_attributes({
             "agw.inference.replica": self.replica.name, "agw.inference.route_reason": self.reason.value})
 
 
@@ -310,10 +310,7 @@ def _replicas(settings: GatewaySettings, tls: ClientTls, resolve=None) -> Replic
         log.info("%s: %d channels", pool.describe(), settings.channels_per_backend)
         return pool
 
-    def load(replica: Replica) -> int:
-        return replica.load
-
-    router = Router(Policy(settings.inference_routing), lambda replica: replica.key, load,
+    router = Router(Policy(settings.inference_routing), lambda replica: replica.key, lambda replica: replica.load,
                     margin=settings.routing_load_margin)
     return Replicas(settings.inference_target_list, open_pool, router, tls=tls,
                     max_waiting=settings.max_inference_waiting, resolve_s=settings.inference_resolve_s,

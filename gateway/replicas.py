@@ -60,8 +60,6 @@ class Replica:
         self.kv_cache_usage = 0.0
         self._in_flight_at_report = 0
         self.routed: Counter[Reason] = Counter()
-        #: Gone from DNS: no new calls; its pool closes once the calls on it are done (a draining pod).
-        self.leaving = False
         self.prompt_tokens = 0
         self.cached_prompt_tokens = 0
         self._watch: asyncio.Task | None = None
@@ -79,8 +77,7 @@ class Replica:
     @property
     def routable(self) -> bool:
         """SERVING (its health watch), its load reported at least once, and a channel not stalled."""
-        return (self.load_known and self.pool.serving and not self.leaving
-                and not all(p.stalled for p in self.pool.channels))
+        return self.load_known and self.pool.serving and not all(p.stalled for p in self.pool.channels)
 
     def note_usage(self, usage) -> None:
         """A finished generation's usage (``inference_pb2.Usage``): the prefix-cache hit rate per replica."""
@@ -132,8 +129,9 @@ class Replica:
         await self.pool.close()
 
     async def drain_and_close(self, within_s: float) -> None:
-        """Close once this worker's calls on it have finished (a pod leaving DNS is draining), or after ``within_s``."""
-        self.leaving = True
+        """Close once this worker's calls on it have finished (a pod leaving DNS is draining), or after ``within_s``.
+
+        Routing no longer sees it: the caller took it out of :attr:`Replicas.replicas` first."""
         deadline = asyncio.get_running_loop().time() + within_s
         try:
             while self.in_flight and asyncio.get_running_loop().time() < deadline:
@@ -192,10 +190,6 @@ class Replicas:
     @property
     def pools(self) -> list[ChannelPool]:
         return [replica.pool for replica in self.replicas.values()]
-
-    @property
-    def serving(self) -> bool:
-        return any(replica.pool.serving for replica in self.replicas.values())
 
     async def start(self) -> None:
         """Open a pool per replica (failing, or waiting, as the pools do); re-resolve DNS entries from now on."""

@@ -57,11 +57,10 @@ def rank(key: bytes, names: Sequence[str]) -> list[int]:
 
 @dataclass(frozen=True)
 class Choice(Generic[R]):
-    """A call's replica, why, and the others in the order a retry would take them."""
+    """A call's replica, and why (a retry chooses again, without the replica that failed)."""
 
     replica: R
     reason: Reason
-    fallbacks: tuple[R, ...]
 
 
 class Router(Generic[R]):
@@ -76,22 +75,18 @@ class Router(Generic[R]):
         self._turn = itertools.count()
 
     def choose(self, key: bytes, candidates: Sequence[R]) -> Choice[R]:
-        """The replica for ``key`` among ``candidates`` (not empty), with the rest as fallbacks."""
+        """The replica for ``key`` among ``candidates`` (not empty)."""
         if len(candidates) == 1:
-            return Choice(candidates[0], Reason.AFFINITY if self.policy is Policy.AFFINITY else Reason.BALANCED, ())
+            return Choice(candidates[0], Reason.AFFINITY if self.policy is Policy.AFFINITY else Reason.BALANCED)
         if self.policy is Policy.ROUND_ROBIN:
-            start = next(self._turn) % len(candidates)
-            order = [*candidates[start:], *candidates[:start]]
-            return Choice(order[0], Reason.BALANCED, tuple(order[1:]))
+            return Choice(candidates[next(self._turn) % len(candidates)], Reason.BALANCED)
         ranked = [candidates[i] for i in rank(key, [self._name(c) for c in candidates])]
         loads = [self._load(c) for c in ranked]
-        if self.policy is Policy.LEAST_LOADED:  # ties go to the key's ranking: stable, and spread by key
-            order = sorted(range(len(ranked)), key=lambda i: loads[i])
-            return Choice(ranked[order[0]], Reason.BALANCED, tuple(ranked[i] for i in order[1:]))
+        if self.policy is Policy.LEAST_LOADED:  # ties go to the key's ranking (min keeps the first): stable
+            return Choice(ranked[min(range(len(ranked)), key=loads.__getitem__)], Reason.BALANCED)
         bound = min(loads) + self.margin
         chosen = next(i for i, load in enumerate(loads) if load <= bound)
-        return Choice(ranked[chosen], Reason.AFFINITY if chosen == 0 else Reason.SPILL,
-                      tuple(r for i, r in enumerate(ranked) if i != chosen))
+        return Choice(ranked[chosen], Reason.AFFINITY if chosen == 0 else Reason.SPILL)
 
 
 def prefix_key(salt: str, parts: Sequence[str], max_chars: int) -> bytes:

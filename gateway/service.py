@@ -295,9 +295,9 @@ def _observe(backends: Backends, database, admission: Admission) -> None:
     """Gauges read at each scrape: channel load, the Postgres pool, admission."""
     gateway_meter = meter("gateway")
     gauge(gateway_meter, "agw.channel.in_flight", lambda: [
-        (pooled.stats.in_flight, {"backend": pool.name, "channel": pooled.index})
+        (pooled.stats.in_flight, {"backend": pool.name, "target": pool.target, "channel": pooled.index})
         for pool in backends.pools for pooled in pool.channels
-    ], description="Calls in flight on each pooled backend channel.")
+    ], description="Calls in flight on each pooled backend channel (each inference replica has its own pool).")
     gauge(gateway_meter, "agw.db.pool.connections", lambda: [
         (database.pool.get_size(), {"state": "open"}), (database.pool.get_idle_size(), {"state": "idle"}),
     ], description="Postgres pool connections, open and idle.")

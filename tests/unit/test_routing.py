@@ -50,7 +50,7 @@ def test_a_leaving_replica_moves_only_its_own_keys_to_their_next_choice_and_they
     after = {key: router.choose(key, survivors) for key in KEYS}
     moved = [key for key in KEYS if after[key].replica != before[key].replica]
     assert moved and all(before[key].replica == "inference-2" for key in moved)
-    assert all(after[key].replica == before[key].fallbacks[0] for key in moved)  # its next-ranked
+    assert all(after[key].replica == NAMES[rank(key, NAMES)[1]] for key in moved)  # its next-ranked
     returned = {key: router.choose(key, NAMES).replica for key in KEYS}
     assert returned == {key: choice.replica for key, choice in before.items()}
 
@@ -64,11 +64,13 @@ def test_within_the_margin_the_first_ranked_replica_keeps_the_key():
 
 def test_past_the_margin_the_key_spills_to_its_next_ranked_replica_within_the_bound():
     key = KEYS[0]
-    first, second, third, *_ = [NAMES[i] for i in rank(key, NAMES)]
+    first, second, third, fourth, _ = [NAMES[i] for i in rank(key, NAMES)]
     loads = {name: 2 for name in NAMES} | {first: 7, second: 7}  # least 2, bound 6: the third-ranked
-    choice = _router(loads=loads, margin=4).choose(key, NAMES)
+    router = _router(loads=loads, margin=4)
+    choice = router.choose(key, NAMES)
     assert (choice.replica, choice.reason) == (third, Reason.SPILL)
-    assert choice.fallbacks[:2] == (first, second)  # a retry still prefers the key's ranking
+    # A retry (without the replica that failed) still follows the key's ranking: the next within the bound.
+    assert router.choose(key, [n for n in NAMES if n != third]).replica == fourth
 
 
 def test_least_loaded_and_round_robin_ignore_the_key():
