@@ -19,7 +19,10 @@ inference service's own process, and vLLM's engine processes apart. Messages
 per call are counted at the client (tokens do not change under coalescing;
 messages may).
 
-    python bench/gateway_overhead.py [--requests 300] [--workers 1,2] [--json bench/out/overhead.json]
+    python bench/gateway_overhead.py [--requests 300] [--workers 1,2] [--smg] [--json bench/out/overhead.json]
+
+`--smg` adds a streaming block with SMG in front of vLLM's own gRPC server,
+run after ours is stopped (bench/smg_peer.py; `pip install -e '.[peers]'`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import time
 from pathlib import Path
 
 from harness import (
+    BACKEND_KV_CACHE_GIB,
     backend_processes,
     command_line,
     dev_pki,
@@ -69,7 +73,8 @@ class CpuMeter:
         cpu = {name: sum(cpu_seconds(pid) or 0.0 for pid in pids()) for name, pids in self.groups.items()}
         # How long the gateway's event-loop threads (each worker's main thread) were runnable but not running:
         # on a shared host that, not its own CPU, is what its added latency is made of.
-        cpu["gateway_runqueue_wait"] = sum(runqueue_wait_s(str(pid)) or 0.0 for pid in self.groups["gateway"]())
+        if "gateway" in self.groups:
+            cpu["gateway_runqueue_wait"] = sum(runqueue_wait_s(str(pid)) or 0.0 for pid in self.groups["gateway"]())
         return cpu
 
     @staticmethod
@@ -158,6 +163,22 @@ async def run_level(calls, concurrency: int, total: int) -> tuple[list[float], f
     return latencies, total / (time.perf_counter() - started), messages
 
 
+async def run_levels(paths: dict[str, list], kind: str, total: int, meter: CpuMeter, connections: int) -> list[dict]:
+    """Every path at each level in ``CONCURRENCY``, paths back to back at a level (the same noise for all)."""
+    for calls in paths.values():  # warm every path and connection
+        await run_level(calls, 4 * connections, 20 * connections)
+    rows = []
+    for concurrency in CONCURRENCY:
+        for name, calls in paths.items():
+            before, started = meter.sample(), time.perf_counter()
+            latencies, throughput, messages = await run_level(calls, concurrency, total)
+            rows.append({"kind": kind, "concurrency": concurrency, "path": name, **summary(latencies),
+                         "throughput": throughput, "calls": total, "messages": messages,
+                         "tokens": total * MAX_TOKENS if kind == "stream" else 0,
+                         "cpu_s": CpuMeter.spent(before, meter.sample()), "seconds": time.perf_counter() - started})
+    return rows
+
+
 async def measure(tls: Path, ports: dict[str, int], requests: int, stream_requests: int, connections: int,
                   meter: CpuMeter) -> list[dict]:
     def channel(port: int, identity: str):
@@ -207,16 +228,8 @@ async def measure(tls: Path, ports: dict[str, int], requests: int, stream_reques
         await wait_ready(ch, timeout_s=30, target="bench")
     rows = []
     for kind, index, total in (("unary", 0, requests), ("stream", 1, stream_requests)):
-        for name, calls in paths.items():  # warm every path and connection
-            await run_level([c[index] for c in calls], 4 * connections, 20 * connections)
-        for concurrency in CONCURRENCY:
-            for name, calls in paths.items():  # paths back to back at each level: the same noise for all
-                before, started = meter.sample(), time.perf_counter()
-                latencies, throughput, messages = await run_level([c[index] for c in calls], concurrency, total)
-                rows.append({"kind": kind, "concurrency": concurrency, "path": name, **summary(latencies),
-                             "throughput": throughput, "calls": total, "messages": messages,
-                             "tokens": total * MAX_TOKENS if kind == "stream" else 0,
-                             "cpu_s": CpuMeter.spent(before, meter.sample()), "seconds": time.perf_counter() - started})
+        rows += await run_levels({name: [c[index] for c in calls] for name, calls in paths.items()}, kind, total,
+                                 meter, connections)
     for ch in channels:
         await ch.close()
     return rows
@@ -256,7 +269,7 @@ def _table(rows: list[dict]) -> list[dict]:
     table = []
     for r in rows:
         base = direct[(r["workers"], r["kind"], r["concurrency"])]
-        proxy = {"gateway": "gateway", "envoy": "envoy"}.get(r["path"])
+        proxy = r["path"] if r["path"] in ("gateway", "envoy", "smg") else None
         table.append({
             "workers": r["workers"], "kind": r["kind"], "conc": r["concurrency"], "path": r["path"],
             "p50 ms": r["p50"], "p99 ms": r["p99"], "req/s": r["throughput"],
@@ -278,8 +291,16 @@ def main() -> int:
                         help="gateway worker processes; a comma-separated list runs each in turn (1,2,4,8)")
     parser.add_argument("--connections", type=int, default=2, help="client connections per path")
     parser.add_argument("--stream-interval", type=int, default=None, help="AGW_INFERENCE_STREAM_INTERVAL to run with")
+    parser.add_argument("--smg", action="store_true",
+                        help="add a streaming block with SMG in front of vLLM's own gRPC server (bench/smg_peer.py)")
+    parser.add_argument("--smg-requests", type=int, default=None, help="Generate calls per path and level there "
+                        "(default --stream-requests)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if args.smg:
+        from smg_peer import check_installed
+
+        check_installed()
 
     root = scratch_dir("overhead")
     tls = dev_pki(root)
@@ -313,6 +334,15 @@ def main() -> int:
         finally:
             envoy.terminate()
             envoy.wait()
+    if args.smg:  # after ours is stopped: one engine spinning at a time
+        from smg_peer import smg_block
+
+        async def measure_smg(paths, groups):
+            return await run_levels(paths, "stream", args.smg_requests or args.stream_requests, CpuMeter(groups),
+                                    args.connections)
+        rows += [{"workers": "smg", **row} for row in smg_block(
+            root, tls, kv_cache_gib=BACKEND_KV_CACHE_GIB, stream_interval=args.stream_interval,
+            connections=args.connections, max_tokens=MAX_TOKENS, measure=measure_smg)]
 
     print_table("one hop, mTLS everywhere; Envoy --concurrency 2; CPU per token (stream) or per call (unary), "
                 "from /proc/<pid>/stat", _table(rows),

@@ -91,6 +91,10 @@ def retrieval_process(root: Path, tls_dir: Path, name: str, **env: str):
     return _service_process("retrieval.main", "AGW_RETRIEVAL_", root, tls_dir, name, env)
 
 
+#: The KV cache of the inference service that ``backend_processes`` starts (and of peers' engines measured next to it).
+BACKEND_KV_CACHE_GIB = 2.0
+
+
 @contextmanager
 def backend_processes(root: Path, tls_dir: Path, **env: str):
     """Inference (2 GiB of KV cache), retrieval and a private Postgres, serving.
@@ -104,7 +108,7 @@ def backend_processes(root: Path, tls_dir: Path, **env: str):
     started = []
     postgres = pgserver.get_server(root / "postgres", cleanup_mode="stop")
     try:
-        inference = inference_process(root, tls_dir, "inference", AGW_INFERENCE_KV_CACHE_GIB="2", **env)
+        inference = inference_process(root, tls_dir, "inference", AGW_INFERENCE_KV_CACHE_GIB=str(BACKEND_KV_CACHE_GIB), **env)
         started.append(inference)
         retrieval = retrieval_process(root, tls_dir, "retrieval", **env)
         started.append(retrieval)
