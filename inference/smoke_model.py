@@ -141,7 +141,10 @@ def build_smoke_model(folder: Path, spec: SmokeModelSpec = SmokeModelSpec(), *, 
     """Build the smoke model into ``folder`` unless an identical build is there.
 
     The build goes to a temporary sibling folder and is renamed into place, so
-    a crash or a concurrent builder never leaves a half-written model.
+    a crash or a concurrent builder never leaves a half-written model. When a
+    concurrent builder (another replica on the same ``AGW_HOME``) finishes
+    first, its build stays and ours is dropped: that replica may already be
+    loading from the folder.
     """
     folder = folder.resolve()
     if not force and is_built(folder, spec):
@@ -158,11 +161,27 @@ def build_smoke_model(folder: Path, spec: SmokeModelSpec = SmokeModelSpec(), *, 
         (staging / MARKER).write_text(
             json.dumps({"build_version": BUILD_VERSION, "spec": asdict(spec), "note": __doc__.splitlines()[0]}, indent=2)
         )
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(staging, folder)
+        if not force and is_built(folder, spec):  # another builder finished first: keep theirs
+            shutil.rmtree(staging, ignore_errors=True)
+            log.info("smoke model built meanwhile at %s by another process; using it", folder)
+            return folder
+        _move_into_place(staging, folder)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     log.info("built smoke model at %s in %.1f s", folder, time.perf_counter() - started)
     return folder
+
+
+def _move_into_place(staging: Path, folder: Path) -> None:
+    """Rename ``staging`` to ``folder``, retiring a stale build there first (renames: never half a folder)."""
+    if folder.exists():
+        retired = Path(tempfile.mkdtemp(prefix=f".{folder.name}-retired-", dir=folder.parent))
+        os.replace(folder, retired / folder.name)
+        shutil.rmtree(retired, ignore_errors=True)
+    try:
+        os.replace(staging, folder)
+    except OSError:  # a concurrent builder's rename won the race: theirs is as good as ours
+        if not is_built(folder):
+            raise
+        shutil.rmtree(staging, ignore_errors=True)
