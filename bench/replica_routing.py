@@ -61,6 +61,7 @@ class Run:
     policy: str
     turns: list[Turn] = field(default_factory=list)
     routed: dict[str, int] = field(default_factory=dict)
+    spilled: int = 0  # calls the load bound moved off their session's first-ranked replica
     per_round: list[dict[str, int]] = field(default_factory=list)
 
 
@@ -148,6 +149,8 @@ async def workload(port: int, tls, run: Run, args, *, between_rounds=None, on_to
             after = await _routed(operator)
             run.per_round.append({name: after[name] - before.get(name, 0) for name in after})
         run.routed = await _routed(operator)
+        stats = await operator.GetStats(pb.GetStatsRequest(), timeout=10)
+        run.spilled = sum(b.replica.routed_spill for b in stats.backends if b.name == "inference")
 
 
 def _row(run: Run) -> dict:
@@ -159,7 +162,8 @@ def _row(run: Run) -> dict:
             "prompt_tokens": prompt,
             "cached_fraction": sum(t.cached_tokens for t in ok) / prompt if prompt else 0.0,
             "ttft_p50_ms": ttft["p50"], "ttft_p95_ms": ttft["p95"], "ttft_p99_ms": ttft["p99"],
-            "split": " / ".join(f"{name} {count / total:.0%}" for name, count in sorted(run.routed.items()))}
+            "split": " / ".join(f"{name} {count / total:.0%}" for name, count in sorted(run.routed.items())),
+            "spilled": f"{run.spilled / total:.0%}"}
 
 
 class Stack:
@@ -191,11 +195,14 @@ class Stack:
                                  **({"AGW_INFERENCE_PORT": str(port)} if port else {}))
 
     def gateway(self, name: str, policy: str):
+        """A gateway routing by ``policy``; ``affinity@N`` is affinity with a load margin of N."""
         targets = self.replica_ports[:1] if policy == "single" else self.replica_ports
+        policy, _, margin = policy.partition("@")
         process = self._start(gateway_process(self.root, self.tls, name, {**self.ports, "inference": 0}, **{
             "AGW_GATEWAY_INFERENCE_TARGET": "",
             "AGW_GATEWAY_INFERENCE_TARGETS": ",".join(f"127.0.0.1:{p}" for p in targets),
-            "AGW_GATEWAY_INFERENCE_ROUTING": "affinity" if policy == "single" else policy}))
+            "AGW_GATEWAY_INFERENCE_ROUTING": "affinity" if policy == "single" else policy,
+            **({"AGW_GATEWAY_ROUTING_LOAD_MARGIN": margin} if margin else {})}))
         return process, process.wait_serving()
 
     def kill_and_restart(self, index: int):
@@ -252,7 +259,8 @@ async def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--message-words", type=int, default=120, help="words of tool output in each user message")
     parser.add_argument("--max-tokens", type=int, default=8)
-    parser.add_argument("--policies", default="single,affinity,round_robin,least_loaded")
+    parser.add_argument("--policies", default="single,affinity,round_robin,least_loaded",
+                        help="comma-separated; affinity@N is affinity with AGW_GATEWAY_ROUTING_LOAD_MARGIN=N")
     parser.add_argument("--kill", action="store_true", help="add the phase with a replica killed and restarted")
     parser.add_argument("--kill-after", type=int, default=2, help="the round during which the replica dies")
     parser.add_argument("--kv-cache-gib", type=float, default=2.0,
@@ -287,7 +295,7 @@ def report(runs: list[Run], kill, args, kv_tokens: int) -> None:
     print_table(f"{args.sessions} sessions x {args.rounds} turns, 3 tenants, concurrency {args.concurrency}; "
                 f"each replica's KV cache holds {kv_tokens} tokens", rows,
                 ["policy", "turns", "failed", "prompt_tokens", "cached_fraction", "ttft_p50_ms", "ttft_p95_ms",
-                 "ttft_p99_ms", "split"])
+                 "ttft_p99_ms", "split", "spilled"])
     by_policy = {row["policy"]: row for row in rows}
     if {"affinity", "single", "round_robin"} <= set(by_policy):
         affinity = by_policy["affinity"]["cached_fraction"]
