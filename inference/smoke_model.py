@@ -165,7 +165,7 @@ def build_smoke_model(folder: Path, spec: SmokeModelSpec = SmokeModelSpec(), *, 
             shutil.rmtree(staging, ignore_errors=True)
             log.info("smoke model built meanwhile at %s by another process; using it", folder)
             return folder
-        _move_into_place(staging, folder)
+        _move_into_place(staging, folder, spec)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -173,7 +173,7 @@ def build_smoke_model(folder: Path, spec: SmokeModelSpec = SmokeModelSpec(), *, 
     return folder
 
 
-def _move_into_place(staging: Path, folder: Path) -> None:
+def _move_into_place(staging: Path, folder: Path, spec: SmokeModelSpec) -> None:
     """Rename ``staging`` to ``folder``, retiring a stale build there first (renames: never half a folder)."""
     if folder.exists():
         retired = Path(tempfile.mkdtemp(prefix=f".{folder.name}-retired-", dir=folder.parent))
@@ -182,6 +182,6 @@ def _move_into_place(staging: Path, folder: Path) -> None:
     try:
         os.replace(staging, folder)
     except OSError:  # a concurrent builder's rename won the race: theirs is as good as ours
-        if not is_built(folder):
+        if not is_built(folder, spec):
             raise
         shutil.rmtree(staging, ignore_errors=True)
