@@ -34,14 +34,12 @@ from inference.convert import (
 from inference.engine import Engine, open_engine
 from inference.prompt_encoding import EncodedPrefix
 from inference.requests import Delta, PromptInput, Result, Sampling, resolve_sampling
-from inference.settings import InferenceSettings
+from inference.settings import MAX_LOAD_WATCH_INTERVAL_MS, InferenceSettings
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("agent-gateway.inference")
 
 INFERENCE_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["Inference"]
-#: The longest WatchLoad interval a caller may ask for: a stream that never speaks is not a load signal.
-MAX_LOAD_WATCH_INTERVAL_MS = 60_000
 
 
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
@@ -172,7 +170,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         that a change notification would save, and keeps the engine's request
         path free of watcher bookkeeping.
         """
-        interval_s = min(max(request.interval_ms, self.load_watch_interval_ms), MAX_LOAD_WATCH_INTERVAL_MS) / 1000
+        interval_s = watch_interval_s(request.interval_ms, self.load_watch_interval_ms)
         last = None
         while True:
             load = self._engine().load()
@@ -183,6 +181,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                     kv_cache_usage=load.kv_cache_usage, replica=self.replica_name))
                 last = current
             await asyncio.sleep(interval_s)
+
+
+def watch_interval_s(requested_ms: int, least_ms: int) -> float:
+    """A WatchLoad stream's interval: what the caller asked for (0: the least), within [least, 60 s]."""
+    return min(max(requested_ms, least_ms), MAX_LOAD_WATCH_INTERVAL_MS) / 1000
 
 
 def _prompt_text(prompt: PromptInput) -> str:

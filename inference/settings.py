@@ -11,6 +11,10 @@ from pydantic import Field
 from servicekit.settings import Port, ServiceSettings, deployment_field, prefixed_config
 
 
+#: The longest WatchLoad interval, configured or asked for: a stream that never speaks is not a load signal.
+MAX_LOAD_WATCH_INTERVAL_MS = 60_000
+
+
 class InferenceSettings(ServiceSettings):
     """Engine and service options. ``None`` means "chosen for this machine at start"."""
 
@@ -59,7 +63,8 @@ class InferenceSettings(ServiceSettings):
         default_factory=socket.gethostname, description="A stable name for this replica, sent on WatchLoad: "
         "gateways that find replicas through DNS rank them by it (default the host name, a StatefulSet pod's name).")
     load_watch_interval_ms: int = Field(
-        100, ge=100, description="Least time between two WatchLoad messages (a caller may ask for longer).")
+        100, ge=100, le=MAX_LOAD_WATCH_INTERVAL_MS,
+        description="Least time between two WatchLoad messages (a caller may ask for longer, up to 60 s).")
     warm_schemas_file: Path | None = Field(
         None, description="A JSON file holding a list of JSON Schemas compiled into the cache at start.")
 

@@ -67,3 +67,20 @@ def test_settings_are_frozen():
 def test_ipv6_listen_address():
     assert DemoSettings(host="::", port=1).listen_address == "[::]:1"
     assert Path(DemoSettings().home) == Path(".agentgw")
+
+
+def test_a_load_watch_interval_past_a_minute_is_refused_naming_the_variable(monkeypatch):
+    from inference.settings import InferenceSettings
+
+    monkeypatch.setenv("AGW_INFERENCE_LOAD_WATCH_INTERVAL_MS", "600000")
+    with pytest.raises(SettingsError, match="AGW_INFERENCE_LOAD_WATCH_INTERVAL_MS"):
+        load_settings(InferenceSettings)
+
+
+def test_watch_load_interval_is_the_callers_within_the_least_and_a_minute():
+    from inference.service import watch_interval_s
+
+    assert watch_interval_s(0, 100) == 0.1  # unset: the service's least
+    assert watch_interval_s(50, 100) == 0.1  # raised to the least
+    assert watch_interval_s(2_000, 100) == 2.0  # the caller's
+    assert watch_interval_s(4_000_000_000, 100) == 60.0  # lowered to a minute
