@@ -75,9 +75,10 @@ async def migrate(connection: asyncpg.Connection) -> list[str]:
 class Database:
     """The pool, with acquire bounded in time and outages reported as UNAVAILABLE."""
 
-    def __init__(self, pool: asyncpg.Pool, acquire_timeout_s: float) -> None:
+    def __init__(self, pool: asyncpg.Pool, acquire_timeout_s: float, command_timeout_s: float) -> None:
         self.pool = pool
         self.acquire_timeout_s = acquire_timeout_s
+        self.command_timeout_s = command_timeout_s
 
     async def run(self, operation):
         """``await operation(connection)``, once more on a fresh connection if the first was dead.
@@ -103,6 +104,23 @@ class Database:
 
     @asynccontextmanager
     async def connection(self):
+        """A pooled connection. Each way to fail is UNAVAILABLE with its own message: no connection free within
+        the acquire timeout (the pool), a command past the command timeout (the server or a lock), and a lost
+        connection (an outage)."""
+        connection = await self._acquire()
+        try:
+            yield connection
+        except TimeoutError as exc:  # asyncpg's command_timeout: the pool had a connection; the server was slow
+            raise Unavailable(
+                f"the session store did not answer within {self.command_timeout_s:g}s "
+                "(AGW_GATEWAY_DB_COMMAND_TIMEOUT_S); retry shortly", retry_after_s=STORE_RETRY_AFTER_S,
+                internal=f"postgres command timeout: {exc!r}") from exc
+        except CONNECTION_ERRORS as exc:
+            raise _store_unavailable(exc) from exc
+        finally:
+            await self.pool.release(connection)
+
+    async def _acquire(self):
         try:
             # The asyncpg instrumentation traces queries, not the wait for a
             # pooled connection, which is where an undersized pool shows.
@@ -112,19 +130,19 @@ class Database:
                 "agw.db.pool.idle": self.pool.get_idle_size(),
                 "agw.db.pool.max": self.pool.get_max_size(),
             }):
-                connection = await self.pool.acquire(timeout=self.acquire_timeout_s)
-            try:
-                yield connection
-            finally:
-                await self.pool.release(connection)
+                return await self.pool.acquire(timeout=self.acquire_timeout_s)
         except TimeoutError as exc:
             raise Unavailable(
                 f"no database connection free within {self.acquire_timeout_s:g}s "
                 f"(pool max {self.pool.get_max_size()}); retry shortly"
             ) from exc
         except CONNECTION_ERRORS as exc:
-            raise Unavailable("the session store is unavailable; retry shortly", retry_after_s=STORE_RETRY_AFTER_S,
-                              internal=f"postgres: {type(exc).__name__}: {exc}") from exc
+            raise _store_unavailable(exc) from exc
+
+
+def _store_unavailable(exc: BaseException) -> Unavailable:
+    return Unavailable("the session store is unavailable; retry shortly", retry_after_s=STORE_RETRY_AFTER_S,
+                       internal=f"postgres: {type(exc).__name__}: {exc}")
 
 
 async def embedded_postgres_url(pgdata) -> str:
@@ -166,6 +184,6 @@ async def open_database(url: str, *, min_size: int, max_size: int, acquire_timeo
             applied = await migrate(connection)
         log.info("database ready in %.0f ms: pool %d-%d, migrations applied now: %s",
                  (time.perf_counter() - started) * 1000, min_size, max_size, applied or "none")
-        yield Database(pool, acquire_timeout_s)
+        yield Database(pool, acquire_timeout_s, command_timeout_s)
     finally:
         await pool.close()

@@ -57,6 +57,8 @@ class Replica:
         self.load_known = False
         self.running = 0
         self.waiting = 0
+        #: Its batch limit as reported (0: not reported, so it counts as full).
+        self.max_running = 0
         self.kv_cache_usage = 0.0
         self._in_flight_at_report = 0
         self.routed: Counter[Reason] = Counter()
@@ -73,6 +75,14 @@ class Replica:
     def load(self) -> int:
         """Waiting + running as last reported, plus this worker's calls started since (never below 0)."""
         return max(0, self.running + self.waiting + self.in_flight - self._in_flight_at_report)
+
+    @property
+    def full(self) -> bool:
+        """Whether a new call would wait in its queue: requests waiting, or its batch limit reached (counting
+        this worker's calls since the report); a replica that does not report its limit counts as full."""
+        if self.waiting or not self.max_running:
+            return True
+        return self.running + max(0, self.in_flight - self._in_flight_at_report) >= self.max_running
 
     @property
     def routable(self) -> bool:
@@ -98,6 +108,7 @@ class Replica:
                 async for load in stub.WatchLoad(request):
                     delay_s = RECONNECT_S[0]
                     self.running, self.waiting = load.running_requests, load.waiting_requests
+                    self.max_running = load.max_running_requests
                     self.kv_cache_usage = load.kv_cache_usage
                     self._in_flight_at_report = self.in_flight
                     if load.replica and load.replica != self.name:

@@ -12,10 +12,19 @@ choice), and they come back when it returns. A consistent-hash ring gives the
 same property with a ring to maintain; with a handful of replicas, ranking
 them all per call costs a few microseconds and needs no state.
 
-Bounded load: the first-ranked replica serves the key unless its load exceeds
-the least-loaded replica's by more than the margin; then the next in the
-key's ranking within the bound does (a *spill*), so a hot session or tenant
+Bounded load: the first-ranked replica serves the key unless it is *full*
+(a new call would wait in its queue) and its load exceeds the least-loaded
+replica's by more than the margin; then the next in the key's ranking that is
+within the bound or not full does (a *spill*), so a hot session or tenant
 moves to one other replica, not to whichever is idle.
+
+Why "full" as well as the margin: a spill costs the whole prompt's prefill on
+a replica without its prefix, and evicts that replica's own sessions from its
+cache; joining a batch with room costs one more sequence per decode step. A
+margin alone spills off a replica that has room: a margin of 4 is nothing
+beside a GPU's batch of hundreds, and on the replica bench it spilled up to
+18% of turns and cost up to a fifth of the cached tokens (docs/benchmarks.md). SMG's cache-aware
+policy makes the same trade with balance thresholds (64 requests, 1.5x).
 """
 
 from __future__ import annotations
@@ -64,13 +73,15 @@ class Choice(Generic[R]):
 
 
 class Router(Generic[R]):
-    """Chooses among candidate replicas; ``name`` and ``load`` read a replica's name and current load."""
+    """Chooses among candidate replicas; ``name``, ``load`` and ``full`` read a replica's name, current load, and
+    whether a new call would wait in its queue (the load bound passes over only a full replica)."""
 
     def __init__(self, policy: Policy, name: Callable[[R], str], load: Callable[[R], float], *,
-                 margin: float) -> None:
+                 margin: float, full: Callable[[R], bool] = lambda replica: True) -> None:
         self.policy = policy
         self._name = name
         self._load = load
+        self._full = full
         self.margin = margin
         self._turn = itertools.count()
 
@@ -85,7 +96,7 @@ class Router(Generic[R]):
         if self.policy is Policy.LEAST_LOADED:  # ties go to the key's ranking (min keeps the first): stable
             return Choice(ranked[min(range(len(ranked)), key=loads.__getitem__)], Reason.BALANCED)
         bound = min(loads) + self.margin
-        chosen = next(i for i, load in enumerate(loads) if load <= bound)
+        chosen = next(i for i, load in enumerate(loads) if load <= bound or not self._full(ranked[i]))
         return Choice(ranked[chosen], Reason.AFFINITY if chosen == 0 else Reason.SPILL)
 
 

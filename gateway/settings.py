@@ -66,8 +66,9 @@ class GatewaySettings(ServiceSettings):
         "affinity", description="How a call picks its inference replica: affinity (rendezvous hashing of the session, "
         "or of the prompt's leading chunk, with a load bound), least_loaded, or round_robin.")
     routing_load_margin: int = Field(
-        4, ge=0, description="affinity: a key's first replica is passed over while its load (waiting + running) "
-        "exceeds the least-loaded replica's by more than this.")
+        4, ge=0, description="affinity: a key's first replica is passed over while it is full (requests wait in its "
+        "queue, or its batch limit is reached) and its load (waiting + running) exceeds the least-loaded replica's by "
+        "more than this.")
     routing_prefix_chars: int = Field(
         2048, gt=0, description="affinity, calls without a session: how much of the prompt's leading text (system "
         "prompt, first messages) makes the routing key.")

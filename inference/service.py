@@ -178,7 +178,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             if current != last:
                 await context.write(inference_pb2.WatchLoadResponse(
                     running_requests=load.running, waiting_requests=load.waiting,
-                    kv_cache_usage=load.kv_cache_usage, replica=self.replica_name))
+                    kv_cache_usage=load.kv_cache_usage, replica=self.replica_name,
+                    max_running_requests=self._engine().info.max_num_seqs))
                 last = current
             await asyncio.sleep(interval_s)
 

@@ -105,6 +105,7 @@ async def test_watch_load_pushes_the_load_at_once_and_when_it_changes(second_rep
         watch = stub.WatchLoad(inference_pb2.WatchLoadRequest(interval_ms=100))
         first = await asyncio.wait_for(watch.read(), 2)
         assert (first.running_requests, first.waiting_requests, first.replica) == (0, 0, "replica-2")
+        assert first.max_running_requests == 4  # the test engine's batch limit (max_num_seqs)
         generation = stub.Generate(inference_pb2.GenerateRequest(prompt="count", sampling=inference_pb2.SamplingParams(
             max_tokens=64, ignore_eos=True)), timeout=60)
         busy = await asyncio.wait_for(watch.read(), 5)
@@ -142,19 +143,24 @@ async def test_load_beyond_the_margin_spills_to_the_next_replica_and_returns(
         [(stub, app)] = await _gateways(stack, tmp_path, pki, database_url, (inference_service, second_replica),
                                         routing_load_margin=1)
         [session] = await _sessions_on(stub, addresses, 1, 1)
-        hot = _replica(app, addresses[1])
+        hot, other = _replica(app, addresses[1]), _replica(app, addresses[0])
         busy = await _fill(stack, second_replica, 3)
         try:
             await _until(lambda: hot.load >= 3, 10, "the gateway sees replica 2's load")
+            assert hot.max_running == 4 and not hot.full
             await _turn(stub, session)
-            assert _replica(app, addresses[0]).routed[Reason.SPILL] == 1  # load 3 > 0 + margin 1
-            assert hot.routed[Reason.AFFINITY] == 0
+            assert hot.routed[Reason.AFFINITY] == 1  # load 3 > 0 + margin 1, but its batch (4) has room
+            busy += await _fill(stack, second_replica, 2)
+            await _until(lambda: hot.waiting >= 1, 10, "a call waiting in replica 2's queue")
+            await _turn(stub, session)
+            assert other.routed[Reason.SPILL] == 1  # full, and load 5 > 0 + margin 1
+            assert hot.routed[Reason.AFFINITY] == 1
         finally:
             for call in busy:
                 call.cancel()
         await _until(lambda: hot.load == 0, 10, "replica 2 idle again")
         await _turn(stub, session)
-        assert hot.routed[Reason.AFFINITY] == 1  # back on its own replica
+        assert hot.routed[Reason.AFFINITY] == 2  # back on its own replica
 
 
 async def test_a_killed_replica_leaves_routing_retries_only_turns_without_a_token_and_rejoins_when_restarted(

@@ -106,6 +106,16 @@ async def test_pool_exhaustion_is_unavailable_within_the_acquire_timeout(databas
                     pass
 
 
+async def test_a_slow_command_is_unavailable_naming_the_command_timeout_not_the_pool(database_url):
+    async with open_database(database_url, min_size=1, max_size=1, acquire_timeout_s=5,
+                             command_timeout_s=0.2, statement_cache_size=100) as database:
+        with pytest.raises(Unavailable, match=r"did not answer within 0.2s \(AGW_GATEWAY_DB_COMMAND_TIMEOUT_S\)"):
+            async with database.connection() as connection:
+                await connection.execute("SELECT pg_sleep(2)")
+        async with database.connection() as connection:  # the connection went back to the pool, usable
+            assert await connection.fetchval("SELECT 1") == 1
+
+
 async def test_connections_killed_by_the_server_do_not_fail_the_next_call(database_url):
     """What a database restart does to a warm pool: every pooled connection dies at once."""
     async with open_database(database_url, min_size=2, max_size=2, acquire_timeout_s=1,

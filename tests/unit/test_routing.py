@@ -21,9 +21,11 @@ NAMES = [f"inference-{i}" for i in range(5)]
 KEYS = [session_key("tenant-salt", f"session-{i}") for i in range(2000)]
 
 
-def _router(policy=Policy.AFFINITY, loads=None, margin=4):
+def _router(policy=Policy.AFFINITY, loads=None, margin=4, with_room=()):
+    """A router over names; every replica is full (a new call would queue) except those ``with_room``."""
     loads = loads or {}
-    return Router(policy, name=lambda r: r, load=lambda r: loads.get(r, 0), margin=margin)
+    return Router(policy, name=lambda r: r, load=lambda r: loads.get(r, 0), margin=margin,
+                  full=lambda r: r not in with_room)
 
 
 def test_the_ranking_is_the_same_in_another_process_with_another_hash_seed():
@@ -71,6 +73,30 @@ def test_past_the_margin_the_key_spills_to_its_next_ranked_replica_within_the_bo
     assert (choice.replica, choice.reason) == (third, Reason.SPILL)
     # A retry (without the replica that failed) still follows the key's ranking: the next within the bound.
     assert router.choose(key, [n for n in NAMES if n != third]).replica == fourth
+
+
+def test_a_replica_with_room_in_its_batch_keeps_the_key_however_loaded():
+    key = KEYS[0]
+    first, second, third, *_ = [NAMES[i] for i in rank(key, NAMES)]
+    loads = {name: 0 for name in NAMES} | {first: 40, second: 30}  # both far past the bound (4)
+    choice = _router(loads=loads, with_room={first}).choose(key, NAMES)
+    assert (choice.replica, choice.reason) == (first, Reason.AFFINITY)
+    # A full first replica spills to the next in the ranking with room, even past the bound.
+    choice = _router(loads=loads, with_room={second}).choose(key, NAMES)
+    assert (choice.replica, choice.reason) == (second, Reason.SPILL)
+    choice = _router(loads=loads).choose(key, NAMES)  # none with room: the next within the bound
+    assert (choice.replica, choice.reason) == (third, Reason.SPILL)
+
+
+def test_a_replica_is_full_when_calls_wait_or_its_batch_limit_is_reached_counting_calls_since_the_report():
+    replica = _replica("r")
+    assert replica.full  # its batch limit not reported (an older replica): only the margin decides
+    replica.max_running, replica.running = 4, 3
+    assert not replica.full
+    replica.pool.channels[0].stats.in_flight = 1  # this worker's call since the report takes the last slot
+    assert replica.full
+    replica.pool.channels[0].stats.in_flight, replica.waiting = 0, 1
+    assert replica.full
 
 
 def test_least_loaded_and_round_robin_ignore_the_key():

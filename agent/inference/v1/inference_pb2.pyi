@@ -285,13 +285,15 @@ class WatchLoadRequest(_message.Message):
     def __init__(self, interval_ms: _Optional[int] = ...) -> None: ...
 
 class WatchLoadResponse(_message.Message):
-    __slots__ = ("running_requests", "waiting_requests", "kv_cache_usage", "replica")
+    __slots__ = ("running_requests", "waiting_requests", "kv_cache_usage", "replica", "max_running_requests")
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
     REPLICA_FIELD_NUMBER: _ClassVar[int]
+    MAX_RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     running_requests: int
     waiting_requests: int
     kv_cache_usage: float
     replica: str
-    def __init__(self, running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., replica: _Optional[str] = ...) -> None: ...
+    max_running_requests: int
+    def __init__(self, running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., replica: _Optional[str] = ..., max_running_requests: _Optional[int] = ...) -> None: ...
