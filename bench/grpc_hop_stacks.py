@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""What one unary proxy hop costs in each of gRPC Python's two stacks, with nothing of ours in it.
+
+Issue 13's unary goal (a hop that adds no more than Envoy at c=1) is missed,
+and about three quarters of the gateway's CPU per unary call is gRPC's own
+machinery (docs/benchmarks.md). grpc.aio runs every call through a poller
+thread and hops back to the event loop; its alternative I/O manager was
+removed from grpcio. The next step is a stack change, and this bench says
+which one is worth it before any gateway code moves:
+
+- ``direct``: the client calls the backend;
+- ``aio``: a grpc.aio server whose handler awaits a grpc.aio client call (the gateway's stack);
+- ``sync``: a grpc sync server (a thread pool) whose handler makes a blocking client call;
+- ``envoy``: Envoy, configured as bench/gateway_overhead.py does (the peer's floor).
+
+Each proxy is a bare passthrough (identity serialisers, one long-lived
+channel), so what it adds is the stack's floor. Backend, proxy and client are
+separate processes; every hop is mTLS with client certificates, as ours are.
+The backend echoes a 200-byte message, about a top-1 search response.
+
+    python bench/grpc_hop_stacks.py [--calls 400] [--levels 1,16,64] [--sync-threads 64] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import subprocess
+import sys
+import time
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+from gateway_overhead import start_envoy
+from harness import dev_pki, print_table, scratch_dir, summary, write_json
+
+from servicekit.procfs import cpu_seconds
+from tests.support.servers import free_port
+
+#: Under the retrieval service's name, so that the Envoy route of bench/gateway_overhead.py sends it to the backend.
+SERVICE, NAME = "agent.retrieval.v1.Retrieval", "BenchEcho"
+METHOD = f"/{SERVICE}/{NAME}"
+PAYLOAD = b"x" * 200
+
+
+def _identity(value: bytes) -> bytes:
+    return value
+
+
+def _server_credentials(tls: Path, name: str) -> grpc.ServerCredentials:
+    folder = tls / "service" / name
+    return grpc.ssl_server_credentials([((folder / "key.pem").read_bytes(), (folder / "cert.pem").read_bytes())],
+                                       root_certificates=(tls / "ca.pem").read_bytes(), require_client_auth=True)
+
+
+def _channel_credentials(tls: Path, identity: str) -> grpc.ChannelCredentials:
+    folder = tls / identity
+    return grpc.ssl_channel_credentials((tls / "ca.pem").read_bytes(), (folder / "key.pem").read_bytes(),
+                                        (folder / "cert.pem").read_bytes())
+
+
+def _handler(behaviour) -> grpc.GenericRpcHandler:
+    method = grpc.unary_unary_rpc_method_handler(behaviour, request_deserializer=_identity,
+                                                 response_serializer=_identity)
+    return grpc.method_handlers_generic_handler(SERVICE, {NAME: method})
+
+
+async def _serve_aio(port: int, tls: Path, upstream: int | None) -> None:
+    server = grpc.aio.server()
+    if upstream is None:
+        async def call(request, context):
+            return request
+    else:
+        channel = grpc.aio.secure_channel(f"127.0.0.1:{upstream}", _channel_credentials(tls, "service/gateway"))
+        forward = channel.unary_unary(METHOD, request_serializer=_identity, response_deserializer=_identity)
+
+        async def call(request, context):
+            return await forward(request, timeout=10)
+    server.add_generic_rpc_handlers([_handler(call)])
+    server.add_secure_port(f"127.0.0.1:{port}", _server_credentials(tls, "retrieval" if upstream is None else "gateway"))
+    await server.start()
+    await server.wait_for_termination()
+
+
+def _serve_sync(port: int, tls: Path, upstream: int, threads: int) -> None:
+    channel = grpc.secure_channel(f"127.0.0.1:{upstream}", _channel_credentials(tls, "service/gateway"))
+    forward = channel.unary_unary(METHOD, request_serializer=_identity, response_deserializer=_identity)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), maximum_concurrent_rpcs=None)
+    server.add_generic_rpc_handlers([_handler(lambda request, context: forward(request, timeout=10))])
+    server.add_secure_port(f"127.0.0.1:{port}", _server_credentials(tls, "gateway"))
+    server.start()
+    server.wait_for_termination()
+
+
+def _role_main(args) -> None:
+    if args.role == "sync":
+        _serve_sync(args.port, args.tls, args.upstream, args.sync_threads)
+    else:
+        asyncio.run(_serve_aio(args.port, args.tls, args.upstream if args.role == "aio" else None))
+
+
+def _start(role: str, port: int, tls: Path, upstream: int | None, threads: int) -> subprocess.Popen:
+    command = [sys.executable, __file__, "--role", role, "--port", str(port), "--tls", str(tls),
+               "--sync-threads", str(threads)]
+    if upstream is not None:
+        command += ["--upstream", str(upstream)]
+    return subprocess.Popen(command)
+
+
+async def _load(port: int, tls: Path, concurrency: int, calls: int) -> tuple[list[float], float]:
+    """Per-call latencies (ms) and calls per second, ``concurrency`` at a time over one channel."""
+    async with grpc.aio.secure_channel(f"127.0.0.1:{port}", _channel_credentials(tls, "tenant/dev")) as channel:
+        await asyncio.wait_for(channel.channel_ready(), 30)  # the proxy process is up and connected
+        call = channel.unary_unary(METHOD, request_serializer=_identity, response_deserializer=_identity)
+        for _ in range(50):  # connections up, code paths warm
+            await call(PAYLOAD, timeout=10)
+        latencies: list[float] = []
+        remaining = iter(range(calls))
+
+        async def worker() -> None:
+            for _ in remaining:
+                started = time.perf_counter()
+                await call(PAYLOAD, timeout=10)
+                latencies.append((time.perf_counter() - started) * 1000)
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return latencies, calls / (time.perf_counter() - started)
+
+
+async def _measure(args, tls: Path, ports: dict[str, int], processes: dict[str, subprocess.Popen]) -> list[dict]:
+    rows = []
+    for concurrency in args.levels:
+        direct_p50 = direct_rate = None
+        for path in ("direct", "aio", "sync", "envoy"):
+            proxy = processes.get(path)
+            cpu_before = cpu_seconds(proxy.pid) if proxy else None
+            latencies, rate = await _load(ports[path], tls, concurrency, args.calls * max(1, concurrency // 4))
+            stats = summary(latencies)
+            if path == "direct":
+                direct_p50, direct_rate = stats["p50"], rate
+            cpu = (cpu_seconds(proxy.pid) - cpu_before) / len(latencies) * 1e6 if proxy else None
+            rows.append({"path": path, "c": concurrency, "p50_ms": stats["p50"], "p99_ms": stats["p99"],
+                         "added_p50_ms": stats["p50"] - direct_p50, "rate_vs_direct": rate / direct_rate,
+                         "proxy_cpu_us_per_call": cpu})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=400, help="calls at c=1 (c/4 times as many at level c)")
+    parser.add_argument("--levels", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 64])
+    parser.add_argument("--sync-threads", type=int, default=64, help="the sync proxy's thread pool")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--role", choices=["backend", "aio", "sync"], help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--tls", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.role:
+        return _role_main(args)
+
+    root = scratch_dir("hop-stacks")
+    tls = dev_pki(root)
+    ports = {"direct": free_port(), "aio": free_port(), "sync": free_port()}
+    processes = {"direct": _start("backend", ports["direct"], tls, None, args.sync_threads)}
+    processes["aio"] = _start("aio", ports["aio"], tls, ports["direct"], args.sync_threads)
+    processes["sync"] = _start("sync", ports["sync"], tls, ports["direct"], args.sync_threads)
+    processes["envoy"], ports["envoy"] = start_envoy(root, tls, ports["direct"], ports["direct"])
+    try:
+        rows = asyncio.run(_measure(args, tls, ports, {k: v for k, v in processes.items() if k != "direct"}))
+    finally:
+        for process in processes.values():
+            process.terminate()
+            process.wait()
+    print_table("one unary hop, mTLS, 200-byte echo; added = p50 - direct's p50 at the same c", rows,
+                ["path", "c", "p50_ms", "p99_ms", "added_p50_ms", "rate_vs_direct", "proxy_cpu_us_per_call"])
+    write_json(args.json, {"rows": rows})
+
+
+if __name__ == "__main__":
+    main()
