@@ -19,7 +19,11 @@ inference service's own process, and vLLM's engine processes apart. Messages
 per call are counted at the client (tokens do not change under coalescing;
 messages may).
 
-    python bench/gateway_overhead.py [--requests 300] [--workers 1,2] [--smg] [--json bench/out/overhead.json]
+    python bench/gateway_overhead.py [--requests 300] [--workers 1,2] [--smg] [--bare] [--json bench/out/overhead.json]
+
+`--bare` adds a unary path through a bare grpc.aio passthrough in front of
+retrieval (bench/grpc_hop_stacks.py: nothing of ours in it), so the gateway's
+unary cost splits into gRPC Python's floor and our handler's share.
 
 `--smg` adds a streaming block with SMG in front of vLLM's own gRPC server,
 run after ours is stopped (bench/smg_peer.py; `pip install -e '.[peers]'`).
@@ -222,14 +226,20 @@ async def measure(tls: Path, ports: dict[str, int], requests: int, stream_reques
         return (lambda: one(stub.Retrieve(retrieve, timeout=30)),
                 lambda: drain(stub.Generate(gateway_pb2.GenerateRequest(request=generate), timeout=60)))
 
+    def bare():  # unary only: the floor of a grpc.aio hop with nothing of ours (bench/grpc_hop_stacks.py)
+        ch = channel(ports["bare"], "operator/admin")
+        channels.append(ch)
+        return (lambda: one(retrieval_pb2_grpc.RetrievalStub(ch).Search(search, timeout=30)), None)
+
+    makers = [("direct", direct), ("gateway", ours), ("envoy", envoy), *([("bare", bare)] if "bare" in ports else [])]
     # ``connections`` client connections per path, so several server workers (ours or Envoy's) take load.
-    paths = {name: [make() for _ in range(connections)] for name, make in (("direct", direct), ("gateway", ours), ("envoy", envoy))}
+    paths = {name: [make() for _ in range(connections)] for name, make in makers}
     for ch in channels:
         await wait_ready(ch, timeout_s=30, target="bench")
     rows = []
     for kind, index, total in (("unary", 0, requests), ("stream", 1, stream_requests)):
-        rows += await run_levels({name: [c[index] for c in calls] for name, calls in paths.items()}, kind, total,
-                                 meter, connections)
+        rows += await run_levels({name: [c[index] for c in calls] for name, calls in paths.items()
+                                  if calls[0][index] is not None}, kind, total, meter, connections)
     for ch in channels:
         await ch.close()
     return rows
@@ -269,7 +279,7 @@ def _table(rows: list[dict]) -> list[dict]:
     table = []
     for r in rows:
         base = direct[(r["workers"], r["kind"], r["concurrency"])]
-        proxy = r["path"] if r["path"] in ("gateway", "envoy", "smg") else None
+        proxy = r["path"] if r["path"] in ("gateway", "envoy", "smg", "bare") else None
         table.append({
             "workers": r["workers"], "kind": r["kind"], "conc": r["concurrency"], "path": r["path"],
             "p50 ms": r["p50"], "p99 ms": r["p99"], "req/s": r["throughput"],
@@ -295,6 +305,8 @@ def main() -> int:
                         help="add a streaming block with SMG in front of vLLM's own gRPC server (bench/smg_peer.py)")
     parser.add_argument("--smg-requests", type=int, default=None, help="Generate calls per path and level there "
                         "(default --stream-requests)")
+    parser.add_argument("--bare", action="store_true",
+                        help="add a unary path through a bare grpc.aio passthrough (nothing of ours: the stack's floor)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.smg:
@@ -309,6 +321,12 @@ def main() -> int:
     with backend_processes(root, tls, **backend_env) as (ports, started):
         inference_pid = started[0].pid
         envoy, ports["envoy"] = start_envoy(root, tls, ports["retrieval"], ports["inference"])
+        bare = None
+        if args.bare:
+            from grpc_hop_stacks import start_bare_proxy
+
+            ports["bare"] = free_port()
+            bare = start_bare_proxy(ports["bare"], tls, ports["retrieval"])
         try:
             for workers in args.workers:
                 gateway_port = free_port()  # fixed: the workers share it
@@ -323,6 +341,7 @@ def main() -> int:
                     meter = CpuMeter({
                         "gateway": lambda: [gateway.pid, *descendants(gateway.pid)],
                         "envoy": lambda: [envoy.pid],
+                        **({"bare": lambda: [bare.pid]} if bare else {}),
                         "inference": lambda: [inference_pid],
                         "engine": lambda: sorted(descendants(inference_pid)),
                     })
@@ -332,8 +351,10 @@ def main() -> int:
                 finally:
                     gateway.stop()
         finally:
-            envoy.terminate()
-            envoy.wait()
+            for proxy in (envoy, bare):
+                if proxy is not None:
+                    proxy.terminate()
+                    proxy.wait()
     if args.smg:  # after ours is stopped: one engine spinning at a time
         from smg_peer import smg_block
 

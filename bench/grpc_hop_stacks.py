@@ -60,24 +60,45 @@ def _channel_credentials(tls: Path, identity: str) -> grpc.ChannelCredentials:
                                         (folder / "cert.pem").read_bytes())
 
 
-def _handler(behaviour) -> grpc.GenericRpcHandler:
-    method = grpc.unary_unary_rpc_method_handler(behaviour, request_deserializer=_identity,
-                                                 response_serializer=_identity)
+def _echo_handler() -> grpc.GenericRpcHandler:
+    async def echo(request, context):
+        return request
+    method = grpc.unary_unary_rpc_method_handler(echo, request_deserializer=_identity, response_serializer=_identity)
     return grpc.method_handlers_generic_handler(SERVICE, {NAME: method})
+
+
+class _Forward(grpc.GenericRpcHandler):
+    """Every unary method, forwarded as bytes over one long-lived channel: a bare passthrough.
+
+    ``channel`` is a grpc.aio or a sync channel; ``behaviour(call)`` makes the handler for an upstream call.
+    """
+
+    def __init__(self, channel, behaviour) -> None:
+        self._channel, self._behaviour, self._handlers = channel, behaviour, {}
+
+    def service(self, details):
+        handler = self._handlers.get(details.method)
+        if handler is None:
+            upstream = self._channel.unary_unary(details.method, request_serializer=_identity,
+                                                 response_deserializer=_identity)
+            handler = self._handlers[details.method] = grpc.unary_unary_rpc_method_handler(
+                self._behaviour(upstream), request_deserializer=_identity, response_serializer=_identity)
+        return handler
+
+
+def _aio_forwarding(upstream):
+    async def call(request, context):
+        return await upstream(request, timeout=10)
+    return call
 
 
 async def _serve_aio(port: int, tls: Path, upstream: int | None) -> None:
     server = grpc.aio.server()
     if upstream is None:
-        async def call(request, context):
-            return request
+        server.add_generic_rpc_handlers([_echo_handler()])
     else:
         channel = grpc.aio.secure_channel(f"127.0.0.1:{upstream}", _channel_credentials(tls, "service/gateway"))
-        forward = channel.unary_unary(METHOD, request_serializer=_identity, response_deserializer=_identity)
-
-        async def call(request, context):
-            return await forward(request, timeout=10)
-    server.add_generic_rpc_handlers([_handler(call)])
+        server.add_generic_rpc_handlers([_Forward(channel, _aio_forwarding)])
     server.add_secure_port(f"127.0.0.1:{port}", _server_credentials(tls, "retrieval" if upstream is None else "gateway"))
     await server.start()
     await server.wait_for_termination()
@@ -85,9 +106,9 @@ async def _serve_aio(port: int, tls: Path, upstream: int | None) -> None:
 
 def _serve_sync(port: int, tls: Path, upstream: int, threads: int) -> None:
     channel = grpc.secure_channel(f"127.0.0.1:{upstream}", _channel_credentials(tls, "service/gateway"))
-    forward = channel.unary_unary(METHOD, request_serializer=_identity, response_deserializer=_identity)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), maximum_concurrent_rpcs=None)
-    server.add_generic_rpc_handlers([_handler(lambda request, context: forward(request, timeout=10))])
+    server.add_generic_rpc_handlers([_Forward(channel, lambda call: lambda request, context: call(request,
+                                                                                                  timeout=10))])
     server.add_secure_port(f"127.0.0.1:{port}", _server_credentials(tls, "gateway"))
     server.start()
     server.wait_for_termination()
@@ -98,6 +119,11 @@ def _role_main(args) -> None:
         _serve_sync(args.port, args.tls, args.upstream, args.sync_threads)
     else:
         asyncio.run(_serve_aio(args.port, args.tls, args.upstream if args.role == "aio" else None))
+
+
+def start_bare_proxy(port: int, tls: Path, upstream: int) -> subprocess.Popen:
+    """A bare grpc.aio passthrough on ``port`` to ``upstream``, as its own process (bench/gateway_overhead.py --bare)."""
+    return _start("aio", port, tls, upstream, 0)
 
 
 def _start(role: str, port: int, tls: Path, upstream: int | None, threads: int) -> subprocess.Popen:
