@@ -10,6 +10,8 @@ which one is worth it before any gateway code moves:
 
 - ``direct``: the client calls the backend;
 - ``aio``: a grpc.aio server whose handler awaits a grpc.aio client call (the gateway's stack);
+- ``aio_interceptor``: the same with one server interceptor that does nothing but wrap the handler per call, the
+  shape of servicekit's EdgeInterceptor (what the interceptor machinery itself costs);
 - ``sync``: a grpc sync server (a thread pool) whose handler makes a blocking client call;
 - ``envoy``: Envoy, configured as bench/gateway_overhead.py does (the peer's floor).
 
@@ -92,8 +94,20 @@ def _aio_forwarding(upstream):
     return call
 
 
-async def _serve_aio(port: int, tls: Path, upstream: int | None) -> None:
-    server = grpc.aio.server()
+class _PerCallWrap(grpc.aio.ServerInterceptor):
+    """Does nothing but what servicekit's EdgeInterceptor's shape costs: awaited per call, it wraps the handler."""
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        behaviour = handler.unary_unary
+
+        async def wrapped(request, context):
+            return await behaviour(request, context)
+        return handler._replace(unary_unary=wrapped)
+
+
+async def _serve_aio(port: int, tls: Path, upstream: int | None, intercepted: bool = False) -> None:
+    server = grpc.aio.server(interceptors=[_PerCallWrap()] if intercepted else None)
     if upstream is None:
         server.add_generic_rpc_handlers([_echo_handler()])
     else:
@@ -118,7 +132,8 @@ def _role_main(args) -> None:
     if args.role == "sync":
         _serve_sync(args.port, args.tls, args.upstream, args.sync_threads)
     else:
-        asyncio.run(_serve_aio(args.port, args.tls, args.upstream if args.role == "aio" else None))
+        asyncio.run(_serve_aio(args.port, args.tls, None if args.role == "backend" else args.upstream,
+                               intercepted=args.role == "aio_interceptor"))
 
 
 def start_bare_proxy(port: int, tls: Path, upstream: int) -> subprocess.Popen:
@@ -158,7 +173,7 @@ async def _measure(args, tls: Path, ports: dict[str, int], processes: dict[str, 
     rows = []
     for concurrency in args.levels:
         direct_p50 = direct_rate = None
-        for path in ("direct", "aio", "sync", "envoy"):
+        for path in ("direct", "aio", "aio_interceptor", "sync", "envoy"):
             proxy = processes.get(path)
             cpu_before = cpu_seconds(proxy.pid) if proxy else None
             latencies, rate = await _load(ports[path], tls, concurrency, args.calls * max(1, concurrency // 4))
@@ -178,7 +193,7 @@ def main() -> None:
     parser.add_argument("--levels", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 64])
     parser.add_argument("--sync-threads", type=int, default=64, help="the sync proxy's thread pool")
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--role", choices=["backend", "aio", "sync"], help=argparse.SUPPRESS)
+    parser.add_argument("--role", choices=["backend", "aio", "aio_interceptor", "sync"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--tls", type=Path, help=argparse.SUPPRESS)
@@ -188,9 +203,11 @@ def main() -> None:
 
     root = scratch_dir("hop-stacks")
     tls = dev_pki(root)
-    ports = {"direct": free_port(), "aio": free_port(), "sync": free_port()}
+    ports = {"direct": free_port(), "aio": free_port(), "aio_interceptor": free_port(), "sync": free_port()}
     processes = {"direct": _start("backend", ports["direct"], tls, None, args.sync_threads)}
     processes["aio"] = _start("aio", ports["aio"], tls, ports["direct"], args.sync_threads)
+    processes["aio_interceptor"] = _start("aio_interceptor", ports["aio_interceptor"], tls, ports["direct"],
+                                          args.sync_threads)
     processes["sync"] = _start("sync", ports["sync"], tls, ports["direct"], args.sync_threads)
     processes["envoy"], ports["envoy"] = start_envoy(root, tls, ports["direct"], ports["direct"])
     try:
