@@ -210,15 +210,21 @@ async def test_admission_refuses_past_its_bound_at_once(retrieval, inference_ser
     done = [r for r in results if r[0] == "done"]
     assert (len(refused), len(done)) == (6, 4), [(r[0], round(r[1], 2)) for r in results]
     # Refused at once: each refusal was decided without waiting for a slot.
-    # Measured on the gateway's admission spans, not at the client: with ten
-    # calls on one connection, a refusal's status was seen to leave the
-    # server only when the admitted streams' writes were done (noted on
+    # Measured on the gateway's server span (a one-hop call records admission
+    # there: its attributes, and the refusal as an event), not at the client:
+    # with ten calls on one connection, a refusal's status was seen to leave
+    # the server only when the admitted streams' writes were done (noted on
     # issue 6), which is delivery, not the admission decision.
     def admission_seconds(trace_id: str) -> float:
         (span,) = [s for s in recorded_spans.get_finished_spans()
-                   if format(s.context.trace_id, "032x") == trace_id and s.name == "admission"]
+                   if format(s.context.trace_id, "032x") == trace_id and s.kind == trace.SpanKind.SERVER]
         assert span.status.status_code == trace.StatusCode.ERROR
-        return (span.end_time - span.start_time) / 1e9
+        assert span.attributes["agw.admission.max_in_flight"] == 4
+        assert not [s for s in recorded_spans.get_finished_spans()
+                    if format(s.context.trace_id, "032x") == trace_id and s.name == "admission"]
+        (refused_event,) = [e for e in span.events if e.name == "agw.admission.refused"]
+        assert "AGW_GATEWAY_MAX_IN_FLIGHT=4" in refused_event.attributes["agw.admission.reason"]
+        return (refused_event.timestamp - span.start_time) / 1e9
 
     refusals = [admission_seconds(dict(error.trailing_metadata())["x-trace-id"]) for _, _, error in refused]
     assert max(refusals) < 0.05, refusals
