@@ -10,8 +10,13 @@ which one is worth it before any gateway code moves:
 
 - ``direct``: the client calls the backend;
 - ``aio``: a grpc.aio server whose handler awaits a grpc.aio client call (the gateway's stack);
+- ``aio_uvloop``: the same on uvloop's event loop, as the gateway runs it;
 - ``aio_interceptor``: the same with one server interceptor that does nothing but wrap the handler per call, the
   shape of servicekit's EdgeInterceptor (what the interceptor machinery itself costs);
+- ``aio_config``: ``aio`` with the gateway's server options and its backend channel's (servicekit: keepalive,
+  limits, service config with retries, reconnect backoff);
+- ``aio_metadata``: ``aio`` that also sends what the gateway adds to each call on the wire: a trace id
+  trailer back to the caller, and a traceparent to the backend;
 - ``sync``: a grpc sync server (a thread pool) whose handler makes a blocking client call;
 - ``envoy``: Envoy, configured as bench/gateway_overhead.py does (the peer's floor).
 
@@ -34,6 +39,7 @@ from concurrent import futures
 from pathlib import Path
 
 import grpc
+import uvloop
 from gateway_overhead import start_envoy
 from harness import dev_pki, print_table, scratch_dir, summary, write_json
 
@@ -44,6 +50,8 @@ from tests.support.servers import free_port
 SERVICE, NAME = "agent.retrieval.v1.Retrieval", "BenchEcho"
 METHOD = f"/{SERVICE}/{NAME}"
 PAYLOAD = b"x" * 200
+#: The proxies measured, each a process of its own (Envoy is added apart).
+PROXIES = ("aio", "aio_uvloop", "aio_interceptor", "aio_config", "aio_metadata", "sync")
 
 
 def _identity(value: bytes) -> bytes:
@@ -94,6 +102,18 @@ def _aio_forwarding(upstream):
     return call
 
 
+#: What the gateway adds on the wire to each forwarded call: the trace id trailer back, the trace context on.
+_TRAILER = (("x-trace-id", "0af7651916cd43dd8448eb211c80319c"),)
+_TRACEPARENT = (("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),)
+
+
+def _aio_forwarding_with_metadata(upstream):
+    async def call(request, context):
+        context.set_trailing_metadata(_TRAILER)
+        return await upstream(request, timeout=10, metadata=_TRACEPARENT)
+    return call
+
+
 class _PerCallWrap(grpc.aio.ServerInterceptor):
     """Does nothing but what servicekit's EdgeInterceptor's shape costs: awaited per call, it wraps the handler."""
 
@@ -106,10 +126,34 @@ class _PerCallWrap(grpc.aio.ServerInterceptor):
         return handler._replace(unary_unary=wrapped)
 
 
-async def _serve_aio(port: int, tls: Path, upstream: int | None, intercepted: bool = False) -> None:
-    server = grpc.aio.server(interceptors=[_PerCallWrap()] if intercepted else None)
+def _our_options(tls: Path):
+    """The gateway's own server options and backend channel (servicekit), for ``aio_config``."""
+    from agent.retrieval.v1 import retrieval_pb2
+    from gateway.settings import GatewaySettings
+    from servicekit.channels import ChannelSpec
+    from servicekit.server import server_options
+    from servicekit.tls import ClientTls
+
+    spec = ChannelSpec("", ClientTls.from_dir(tls / "service" / "gateway"),
+                       services=[retrieval_pb2.DESCRIPTOR.services_by_name["Retrieval"]])
+    return server_options(GatewaySettings(tls_dir=tls)), spec
+
+
+async def _serve_aio(port: int, tls: Path, upstream: int | None, intercepted: bool = False,
+                     configured: bool = False, metadata: bool = False) -> None:
+    options, spec = _our_options(tls) if configured else (None, None)
+    server = grpc.aio.server(interceptors=[_PerCallWrap()] if intercepted else None, options=options)
     if upstream is None:
         server.add_generic_rpc_handlers([_echo_handler()])
+    elif configured:
+        from dataclasses import replace
+
+        from servicekit.channels import open_channel
+        channel = open_channel(replace(spec, target=f"127.0.0.1:{upstream}"))
+        server.add_generic_rpc_handlers([_Forward(channel, _aio_forwarding)])
+    elif metadata:
+        channel = grpc.aio.secure_channel(f"127.0.0.1:{upstream}", _channel_credentials(tls, "service/gateway"))
+        server.add_generic_rpc_handlers([_Forward(channel, _aio_forwarding_with_metadata)])
     else:
         channel = grpc.aio.secure_channel(f"127.0.0.1:{upstream}", _channel_credentials(tls, "service/gateway"))
         server.add_generic_rpc_handlers([_Forward(channel, _aio_forwarding)])
@@ -132,8 +176,10 @@ def _role_main(args) -> None:
     if args.role == "sync":
         _serve_sync(args.port, args.tls, args.upstream, args.sync_threads)
     else:
-        asyncio.run(_serve_aio(args.port, args.tls, None if args.role == "backend" else args.upstream,
-                               intercepted=args.role == "aio_interceptor"))
+        run = uvloop.run if args.role == "aio_uvloop" else asyncio.run
+        run(_serve_aio(args.port, args.tls, None if args.role == "backend" else args.upstream,
+                       intercepted=args.role == "aio_interceptor", configured=args.role == "aio_config",
+                       metadata=args.role == "aio_metadata"))
 
 
 def start_bare_proxy(port: int, tls: Path, upstream: int) -> subprocess.Popen:
@@ -173,7 +219,7 @@ async def _measure(args, tls: Path, ports: dict[str, int], processes: dict[str, 
     rows = []
     for concurrency in args.levels:
         direct_p50 = direct_rate = None
-        for path in ("direct", "aio", "aio_interceptor", "sync", "envoy"):
+        for path in ("direct", *PROXIES, "envoy"):
             proxy = processes.get(path)
             cpu_before = cpu_seconds(proxy.pid) if proxy else None
             latencies, rate = await _load(ports[path], tls, concurrency, args.calls * max(1, concurrency // 4))
@@ -193,7 +239,7 @@ def main() -> None:
     parser.add_argument("--levels", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 64])
     parser.add_argument("--sync-threads", type=int, default=64, help="the sync proxy's thread pool")
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--role", choices=["backend", "aio", "aio_interceptor", "sync"], help=argparse.SUPPRESS)
+    parser.add_argument("--role", choices=["backend", *PROXIES], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--tls", type=Path, help=argparse.SUPPRESS)
@@ -203,12 +249,10 @@ def main() -> None:
 
     root = scratch_dir("hop-stacks")
     tls = dev_pki(root)
-    ports = {"direct": free_port(), "aio": free_port(), "aio_interceptor": free_port(), "sync": free_port()}
+    ports = {"direct": free_port(), **{path: free_port() for path in PROXIES}}
     processes = {"direct": _start("backend", ports["direct"], tls, None, args.sync_threads)}
-    processes["aio"] = _start("aio", ports["aio"], tls, ports["direct"], args.sync_threads)
-    processes["aio_interceptor"] = _start("aio_interceptor", ports["aio_interceptor"], tls, ports["direct"],
-                                          args.sync_threads)
-    processes["sync"] = _start("sync", ports["sync"], tls, ports["direct"], args.sync_threads)
+    for path in PROXIES:
+        processes[path] = _start(path, ports[path], tls, ports["direct"], args.sync_threads)
     processes["envoy"], ports["envoy"] = start_envoy(root, tls, ports["direct"], ports["direct"])
     try:
         rows = asyncio.run(_measure(args, tls, ports, {k: v for k, v in processes.items() if k != "direct"}))
