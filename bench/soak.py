@@ -150,6 +150,8 @@ def report(samples: list[Sample], settled: Sample, verdict: Verdict, load: dict)
     print_table("soak: resources every sample (the last row: after the load, idle)", rows, list(rows[0]))
     print(f"load: {load['turns']} turns, statuses {load['statuses']}, first token p99 "
           f"{load['first_token_ms'].get('p99', 0):.1f} ms")
+    for message, count in load["error_messages"].items():
+        print(f"  {count} x {message}")
     print("PASS" if verdict.passed else "FAIL: " + "; ".join(verdict.reasons))
 
 

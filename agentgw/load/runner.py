@@ -30,13 +30,15 @@ class TurnResult:
     scheduled_s: float
     send_lag_ms: float
     status: str = "OK"
+    #: A failed turn's status message, as the gateway sent it.
+    detail: str = ""
     first_token_ms: float | None = None
     total_ms: float | None = None
     stages: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {"spec": self.spec.to_json(), "scheduled_s": self.scheduled_s, "send_lag_ms": self.send_lag_ms,
-                "status": self.status, "first_token_ms": self.first_token_ms, "total_ms": self.total_ms,
+                "status": self.status, "detail": self.detail, "first_token_ms": self.first_token_ms, "total_ms": self.total_ms,
                 "stages": self.stages}
 
 
@@ -84,6 +86,7 @@ async def run_turn(target: Target, spec: TurnSpec, seed: int, scheduled: float, 
         result.total_ms = (clock() - scheduled) * 1000
     except grpc.aio.AioRpcError as error:
         result.status = error.code().name
+        result.detail = error.details() or ""
         result.total_ms = (clock() - scheduled) * 1000
     return result
 

@@ -53,7 +53,7 @@ async def test_a_minute_of_agent_turns_leaks_nothing(tmp_path, pki, inference_se
                                                           duration_s=60.0, sample_every_s=10.0)
         assert all(task_count > 0 for task_count in settled.tasks.values()), settled.tasks
         soak.report(samples, settled, verdict, load)
-        assert load["turns"] > 100 and load["errors"] == 0, load["statuses"]
+        assert load["turns"] > 100 and load["errors"] == 0, (load["statuses"], load["error_messages"])
         assert verdict.passed, verdict.reasons
     finally:
         for process in (gateway, retrieval):

@@ -19,9 +19,9 @@ import pytest
 from agent.gateway.v1 import gateway_pb2 as pb
 from agentgw.connection import Connection
 from agentgw.load import run
-from agentgw.load.report import summarize
+from agentgw.load.report import summarize, text_report
 from agentgw.load.slo import Slo
-from agentgw.load.workload import CHAT_SPAN, replay, synthetic
+from agentgw.load.workload import CHAT_SPAN, TurnSpec, replay, synthetic
 from servicekit.tracefile import JsonLinesSpanExporter
 from tests.support.gateway_stack import gateway_server, gateway_stub
 from tests.support.retrieval_service import passage_documents, retrieval_server
@@ -118,3 +118,15 @@ async def test_the_cli_reports_writes_json_and_a_plot_and_gates_on_slos(stack, t
     assert (tmp_path / "run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     code, out = await _cli(stack, tmp_path, "first_token_p99=60s", "errors=0")
     assert code == 0, out
+
+
+async def test_a_failed_turn_reports_the_gateways_message(stack):
+    # Past AGW_GATEWAY_MAX_MESSAGE_CHARS: refused by the real gateway, and the run says why, not only the code.
+    turns = [TurnSpec(at_s=0.0, tenant="dev", session=None, message_chars=10**6, retrieval=False, max_tokens=2)]
+    results, elapsed = await run(stack, _args(), turns, ["dev"])
+    summary = summarize(results, elapsed)
+    assert summary["statuses"] == {"INVALID_ARGUMENT": 1}
+    ((message, count),) = summary["error_messages"].items()
+    assert count == 1 and message.startswith("INVALID_ARGUMENT: ") and "message" in message, message
+    assert message.removeprefix("INVALID_ARGUMENT: ") == results[0].detail
+    assert message in text_report(summary)

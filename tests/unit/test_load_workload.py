@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from agentgw.load.workload import CHAT_SPAN, message_text, replay, synthetic
+from agentgw.load.workload import CHAT_SPAN, TurnSpec, message_text, replay, synthetic
 
 pytestmark = pytest.mark.unit
 
@@ -62,3 +62,16 @@ def test_a_trace_without_chat_turns_is_refused_with_the_reason(tmp_path):
     empty.write_text(json.dumps({"name": "other", "start_ns": 1, "attributes": {}}) + "\n")
     with pytest.raises(ValueError, match="no agent.gateway.v1.AgentGateway/Chat spans"):
         replay(empty)
+
+
+def test_error_messages_count_equal_causes_together_whatever_their_error_ids():
+    from agentgw.load.report import error_messages
+    from agentgw.load.runner import TurnResult
+
+    spec = TurnSpec(at_s=0.0, tenant="dev", session=None, message_chars=10, retrieval=False, max_tokens=2)
+    results = [TurnResult(spec, 0.0, 0.0, status="UNAVAILABLE", detail=f"inference is not serving (error id {i:016x})")
+               for i in range(3)]
+    results += [TurnResult(spec, 0.0, 0.0, status="RESOURCE_EXHAUSTED", detail="too many calls"),
+                TurnResult(spec, 0.0, 0.0)]
+    assert error_messages(results) == {"UNAVAILABLE: inference is not serving": 3,
+                                       "RESOURCE_EXHAUSTED: too many calls": 1}
