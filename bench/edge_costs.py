@@ -46,7 +46,7 @@ from gateway.backends import Deadlines
 from gateway.bounds import Bounds
 from gateway.service import GatewayApp, GatewayServicer, _RESPONSE_FIELD
 from gateway.settings import GatewaySettings
-from gateway.tenancy import current_tenant, physical_collection
+from gateway.tenancy import current_tenant
 from servicekit import interceptors
 from servicekit.passthrough import wrap
 from servicekit.server import authorizer_for
@@ -67,13 +67,11 @@ def _steps(context, settings: GatewaySettings) -> dict[str, Callable[[], object]
     """Each step of a unary Retrieve at the edge, as the gateway runs it, on this call's ``context``."""
     app = GatewayApp(settings)
     authorizer = authorizer_for(app, settings, insecure=False)
-    edge = interceptors.EdgeInterceptor(interceptors.Readiness("gateway"), authorizer, client_trace="link")
-    edge.readiness.ready = True
     servicer = GatewayServicer(settings, Admission(1024, per_tenant=1024))
     bounds = Bounds(settings)
     deadlines = Deadlines(settings.default_deadline_s, settings.deadline_margin_ms)
     request = _retrieve_request()
-    payload = retrieval_pb2.SearchResponse().SerializeToString() + b"x" * 200
+    payload = b"x" * 200  # about a top-1 search response
     serialised = request.SerializeToString()
     authorizer.bind(authorizer.authorize(context, METHOD))
 
@@ -91,12 +89,6 @@ def _steps(context, settings: GatewaySettings) -> dict[str, Callable[[], object]
         with ExitStack() as slot:
             servicer._admit(slot, "dev", stage=True)
 
-    def scope() -> None:
-        search = retrieval_pb2.SearchRequest()
-        search.CopyFrom(request.request)
-        search.collection = physical_collection(current_tenant(), request.request.collection, "request.collection")
-        servicer._clamp_search(search)
-
     return {
         "context.auth_context()": context.auth_context,
         "context.invocation_metadata()": context.invocation_metadata,
@@ -107,7 +99,7 @@ def _steps(context, settings: GatewaySettings) -> dict[str, Callable[[], object]
         "admission (one-hop call: on the server span)": admission,
         "admission as a span (Chat's stage)": admission_stage,
         "bounds.retrieve": lambda: bounds.retrieve(request),
-        "tenant scoping and clamp": scope,
+        "tenant scoping and clamp": lambda: servicer._scoped_search(current_tenant(), request),
         "backend deadline": lambda: deadlines.for_call(context),
         "outgoing trace metadata": outgoing_metadata,
         "wrap the response": lambda: wrap(_RESPONSE_FIELD, payload),

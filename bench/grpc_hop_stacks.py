@@ -126,37 +126,32 @@ class _PerCallWrap(grpc.aio.ServerInterceptor):
         return handler._replace(unary_unary=wrapped)
 
 
-def _our_options(tls: Path):
-    """The gateway's own server options and backend channel (servicekit), for ``aio_config``."""
+def _our_options(tls: Path, upstream: int) -> tuple[list, grpc.aio.Channel]:
+    """The gateway's own server options, and a backend channel as servicekit opens it, for ``aio_config``."""
     from agent.retrieval.v1 import retrieval_pb2
     from gateway.settings import GatewaySettings
-    from servicekit.channels import ChannelSpec
+    from servicekit.channels import ChannelSpec, open_channel
     from servicekit.server import server_options
     from servicekit.tls import ClientTls
 
-    spec = ChannelSpec("", ClientTls.from_dir(tls / "service" / "gateway"),
+    spec = ChannelSpec(f"127.0.0.1:{upstream}", ClientTls.from_dir(tls / "service" / "gateway"),
                        services=[retrieval_pb2.DESCRIPTOR.services_by_name["Retrieval"]])
-    return server_options(GatewaySettings(tls_dir=tls)), spec
+    return server_options(GatewaySettings(tls_dir=tls)), open_channel(spec)
 
 
-async def _serve_aio(port: int, tls: Path, upstream: int | None, intercepted: bool = False,
-                     configured: bool = False, metadata: bool = False) -> None:
-    options, spec = _our_options(tls) if configured else (None, None)
-    server = grpc.aio.server(interceptors=[_PerCallWrap()] if intercepted else None, options=options)
+async def _serve_aio(port: int, tls: Path, upstream: int | None, role: str) -> None:
+    """The echo backend (``upstream`` None), or the bare grpc.aio hop that ``role`` names."""
+    options = channel = None
+    if role == "aio_config":
+        options, channel = _our_options(tls, upstream)
+    server = grpc.aio.server(interceptors=[_PerCallWrap()] if role == "aio_interceptor" else None, options=options)
     if upstream is None:
         server.add_generic_rpc_handlers([_echo_handler()])
-    elif configured:
-        from dataclasses import replace
-
-        from servicekit.channels import open_channel
-        channel = open_channel(replace(spec, target=f"127.0.0.1:{upstream}"))
-        server.add_generic_rpc_handlers([_Forward(channel, _aio_forwarding)])
-    elif metadata:
-        channel = grpc.aio.secure_channel(f"127.0.0.1:{upstream}", _channel_credentials(tls, "service/gateway"))
-        server.add_generic_rpc_handlers([_Forward(channel, _aio_forwarding_with_metadata)])
     else:
-        channel = grpc.aio.secure_channel(f"127.0.0.1:{upstream}", _channel_credentials(tls, "service/gateway"))
-        server.add_generic_rpc_handlers([_Forward(channel, _aio_forwarding)])
+        channel = channel or grpc.aio.secure_channel(f"127.0.0.1:{upstream}",
+                                                     _channel_credentials(tls, "service/gateway"))
+        forwarding = _aio_forwarding_with_metadata if role == "aio_metadata" else _aio_forwarding
+        server.add_generic_rpc_handlers([_Forward(channel, forwarding)])
     server.add_secure_port(f"127.0.0.1:{port}", _server_credentials(tls, "retrieval" if upstream is None else "gateway"))
     await server.start()
     await server.wait_for_termination()
@@ -177,9 +172,7 @@ def _role_main(args) -> None:
         _serve_sync(args.port, args.tls, args.upstream, args.sync_threads)
     else:
         run = uvloop.run if args.role == "aio_uvloop" else asyncio.run
-        run(_serve_aio(args.port, args.tls, None if args.role == "backend" else args.upstream,
-                       intercepted=args.role == "aio_interceptor", configured=args.role == "aio_config",
-                       metadata=args.role == "aio_metadata"))
+        run(_serve_aio(args.port, args.tls, None if args.role == "backend" else args.upstream, args.role))
 
 
 def start_bare_proxy(port: int, tls: Path, upstream: int) -> subprocess.Popen:

@@ -159,11 +159,7 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
         """A passthrough: the retrieval service's SearchResponse goes out as the bytes it sent."""
         tenant = self._tenant(context)
         self.bounds.retrieve(request)
-        search = retrieval_pb2.SearchRequest()
-        search.CopyFrom(request.request)
-        # The tenant decides the collection; nothing in the request can name another tenant's.
-        search.collection = physical_collection(tenant, request.request.collection, "request.collection")
-        self._clamp_search(search)
+        search = self._scoped_search(tenant, request)
         with ExitStack() as slot:
             self._admit(slot, tenant)
             try:
@@ -173,6 +169,15 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
                     raise NotFound(f"collection {request.request.collection!r} does not exist") from None
                 raise
         return wrap(_RESPONSE_FIELD, response)
+
+    def _scoped_search(self, tenant: str, request: pb.RetrieveRequest) -> retrieval_pb2.SearchRequest:
+        """The search the retrieval service gets: in the tenant's own collection, clamped (:meth:`_clamp_search`)."""
+        search = retrieval_pb2.SearchRequest()
+        search.CopyFrom(request.request)
+        # The tenant decides the collection; nothing in the request can name another tenant's.
+        search.collection = physical_collection(tenant, request.request.collection, "request.collection")
+        self._clamp_search(search)
+        return search
 
     def _clamp_search(self, search: retrieval_pb2.SearchRequest) -> None:
         """A tenant's search stays on the index: exhaustive search is an operator's tool, and ef is capped."""

@@ -9,6 +9,7 @@ the client side.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import grpc
@@ -16,6 +17,17 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 
 STATUS_DETAILS_KEY = "grpc-status-details-bin"
+_QUOTED_ERROR_ID = re.compile(r" \(error id [0-9a-f]+\)$")
+
+
+def quote_error_id(message: str, error_id: str) -> str:
+    """A status message that names the error id to quote when reporting it (our server faults)."""
+    return f"{message} (error id {error_id})"
+
+
+def without_error_id(message: str) -> str:
+    """``message`` less what :func:`quote_error_id` added: what equal failures have in common."""
+    return _QUOTED_ERROR_ID.sub("", message)
 
 
 class ServiceError(Exception):

@@ -25,7 +25,8 @@ from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
 from servicekit.authz import Authorizer
-from servicekit.errors import Internal, InvalidArgument, ServiceError, Unavailable, Unimplemented, trailing_metadata
+from servicekit.errors import (Internal, InvalidArgument, ServiceError, Unavailable, Unimplemented, quote_error_id,
+                               trailing_metadata)
 from servicekit.metrics import meter
 from servicekit.telemetry import TRACE_ID_KEY, client_context, extract_context, trace_id_hex
 
@@ -124,7 +125,7 @@ async def _abort(context: grpc.aio.ServicerContext, error: ServiceError, span: _
     error_id = uuid.uuid4().hex[:16]
     message = error.message
     if error.code in _SERVER_FAULTS:
-        message = f"{message} (error id {error_id})"
+        message = quote_error_id(message, error_id)
     if error.internal:
         log.warning("%s %s [error id %s]: %s", span.method, error.code.name, error_id, error.internal)
         span.span.set_attribute("agw.error.internal", error.internal)

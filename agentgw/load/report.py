@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
 from agentgw.load.runner import TurnResult, late_sends
+from servicekit.errors import without_error_id
 
 PERCENTILES = (50, 95, 99)
 
@@ -39,20 +39,17 @@ def summarize(results: list[TurnResult], elapsed_s: float) -> dict:
     }
 
 
-#: What makes each status message unique (its error id), left out so that equal causes count together.
-_ERROR_ID = re.compile(r" \(error id [0-9a-f]+\)")
-
-
 def error_messages(results: list[TurnResult], most: int = 5) -> dict[str, int]:
-    """The failed turns' most common ``STATUS: message`` lines, so that a run says why turns failed."""
-    counts = Counter(f"{r.status}: {_ERROR_ID.sub('', r.detail)}" for r in results if r.status != "OK")
+    """The failed turns' most common ``STATUS: message`` lines, so that a run says why turns failed
+    (error ids left out, so that equal causes count together)."""
+    counts = Counter(f"{r.status}: {without_error_id(r.detail)}" for r in results if r.status != "OK")
     return dict(counts.most_common(most))
 
 
 def text_report(summary: dict) -> str:
     lines = [f"{summary['turns']} turns in {summary['elapsed_s']:.1f} s ({summary['rate_per_s']:.2f}/s); statuses: "
              + ", ".join(f"{code} {count}" for code, count in sorted(summary["statuses"].items()))]
-    lines += [f"  {count} x {message}" for message, count in summary.get("error_messages", {}).items()]
+    lines += [f"  {count} x {message}" for message, count in summary["error_messages"].items()]
     lines.append(f"{'ms':<16}" + "".join(f"{k:>10}" for k in ("p50", "p95", "p99", "max")))
     rows = [("first token", summary["first_token_ms"]), ("total", summary["total_ms"])]
     rows += [(f"  {name}", stats) for name, stats in summary["stages_ms"].items()]

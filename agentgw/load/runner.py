@@ -38,8 +38,8 @@ class TurnResult:
 
     def to_json(self) -> dict:
         return {"spec": self.spec.to_json(), "scheduled_s": self.scheduled_s, "send_lag_ms": self.send_lag_ms,
-                "status": self.status, "detail": self.detail, "first_token_ms": self.first_token_ms, "total_ms": self.total_ms,
-                "stages": self.stages}
+                "status": self.status, "detail": self.detail, "first_token_ms": self.first_token_ms,
+                "total_ms": self.total_ms, "stages": self.stages}
 
 
 @dataclass
