@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import itertools
 import random
 import socket
+from collections.abc import Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -21,8 +24,24 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
+@functools.cache
+def _candidate_ports() -> Iterator[int]:
+    """Every candidate port once, in a random order, then round again.
+
+    One order per process, so that successive calls never hand out the same
+    port: a port handed out is not bound until its process starts, and two
+    random draws did collide (CI: `agentgw up` told its retrieval service and
+    its gateway to listen on the same port).
+    """
+    low, high = _ephemeral_range()
+    ports = [port for port in range(20_000, 32_000) if not low <= port <= high]
+    random.shuffle(ports)
+    return itertools.cycle(ports)
+
+
 def free_port() -> int:
-    """A loopback port free now (for a process that must be told its port in advance).
+    """A loopback port free now (for a process that must be told its port in advance), and not one an earlier
+    call in this process returned.
 
     Chosen outside the kernel's ephemeral range: a port the kernel handed out
     here could be handed out again, to any process's outgoing connection or
@@ -30,9 +49,7 @@ def free_port() -> int:
     told to listen on it starts. Seen in CI: a gateway's metrics port taken
     while the inference service of the same stack was starting.
     """
-    low, high = _ephemeral_range()
-    candidates = [port for port in range(20_000, 32_000) if not low <= port <= high]
-    for port in random.sample(candidates, 50) if candidates else ():
+    for port in itertools.islice(_candidate_ports(), 50):
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
