@@ -11,7 +11,8 @@ by request stall, docs/benchmarks.md). A turn is an agent's: a user message carr
 so no policy finds what an earlier one left in the caches.
 
 Policies: ``single`` (one replica: the baseline the cache goal compares with), ``affinity``, ``round_robin``,
-``least_loaded``. Reported per policy: the fraction of prompt tokens served from the prefix cache (it does not
+``least_loaded``; ``affinity@N`` (a load margin of N) and ``affinity-unplaced`` (new sessions' ids left to the
+hash: AGW_GATEWAY_PLACE_SESSIONS=false) as variants. Reported per policy: the fraction of prompt tokens served from the prefix cache (it does not
 depend on this machine's timing, so it leads), TTFT p50/p95/p99 at the client, and the calls each replica got.
 
 ``--kill`` adds a phase with ``affinity``: after ``--kill-after`` rounds the second replica is killed (SIGKILL,
@@ -163,7 +164,9 @@ def _row(run: Run) -> dict:
             "cached_fraction": sum(t.cached_tokens for t in ok) / prompt if prompt else 0.0,
             "ttft_p50_ms": ttft["p50"], "ttft_p95_ms": ttft["p95"], "ttft_p99_ms": ttft["p99"],
             "split": " / ".join(f"{name} {count / total:.0%}" for name, count in sorted(run.routed.items())),
-            "spilled": f"{run.spilled / total:.0%}"}
+            "spilled": f"{run.spilled / total:.0%}",
+            # Round 0 sends one turn per session: about how the sessions split (spills aside).
+            "round_0": "/".join(str(count) for _, count in sorted(run.per_round[0].items())) if run.per_round else ""}
 
 
 class Stack:
@@ -195,13 +198,16 @@ class Stack:
                                  **({"AGW_INFERENCE_PORT": str(port)} if port else {}))
 
     def gateway(self, name: str, policy: str):
-        """A gateway routing by ``policy``; ``affinity@N`` is affinity with a load margin of N."""
+        """A gateway routing by ``policy``; ``affinity@N`` is affinity with a load margin of N,
+        ``affinity-unplaced`` affinity with new sessions' ids left to chance (AGW_GATEWAY_PLACE_SESSIONS=false)."""
         targets = self.replica_ports[:1] if policy == "single" else self.replica_ports
         policy, _, margin = policy.partition("@")
+        policy, unplaced = policy.removesuffix("-unplaced"), policy.endswith("-unplaced")
         process = self._start(gateway_process(self.root, self.tls, name, {**self.ports, "inference": 0}, **{
             "AGW_GATEWAY_INFERENCE_TARGET": "",
             "AGW_GATEWAY_INFERENCE_TARGETS": ",".join(f"127.0.0.1:{p}" for p in targets),
             "AGW_GATEWAY_INFERENCE_ROUTING": "affinity" if policy == "single" else policy,
+            "AGW_GATEWAY_PLACE_SESSIONS": "false" if unplaced else "true",
             **({"AGW_GATEWAY_ROUTING_LOAD_MARGIN": margin} if margin else {})}))
         return process, process.wait_serving()
 
@@ -260,7 +266,8 @@ async def main() -> None:
     parser.add_argument("--message-words", type=int, default=120, help="words of tool output in each user message")
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--policies", default="single,affinity,round_robin,least_loaded",
-                        help="comma-separated; affinity@N is affinity with AGW_GATEWAY_ROUTING_LOAD_MARGIN=N")
+                        help="comma-separated; affinity@N is affinity with AGW_GATEWAY_ROUTING_LOAD_MARGIN=N, "
+                             "affinity-unplaced affinity with AGW_GATEWAY_PLACE_SESSIONS=false")
     parser.add_argument("--kill", action="store_true", help="add the phase with a replica killed and restarted")
     parser.add_argument("--kill-after", type=int, default=2, help="the round during which the replica dies")
     parser.add_argument("--kv-cache-gib", type=float, default=2.0,
@@ -295,7 +302,7 @@ def report(runs: list[Run], kill, args, kv_tokens: int) -> None:
     print_table(f"{args.sessions} sessions x {args.rounds} turns, 3 tenants, concurrency {args.concurrency}; "
                 f"each replica's KV cache holds {kv_tokens} tokens", rows,
                 ["policy", "turns", "failed", "prompt_tokens", "cached_fraction", "ttft_p50_ms", "ttft_p95_ms",
-                 "ttft_p99_ms", "split", "spilled"])
+                 "ttft_p99_ms", "split", "spilled", "round_0"])
     by_policy = {row["policy"]: row for row in rows}
     if {"affinity", "single", "round_robin"} <= set(by_policy):
         affinity = by_policy["affinity"]["cached_fraction"]

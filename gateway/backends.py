@@ -314,7 +314,8 @@ def _replicas(settings: GatewaySettings, tls: ClientTls, resolve=None) -> Replic
                     margin=settings.routing_load_margin, full=lambda replica: replica.full)
     return Replicas(settings.inference_target_list, open_pool, router, tls=tls,
                     max_waiting=settings.max_inference_waiting, resolve_s=settings.inference_resolve_s,
-                    server_name=settings.backend_server_name, drain_s=settings.default_deadline_s, resolve=resolve)
+                    server_name=settings.backend_server_name, drain_s=settings.default_deadline_s, resolve=resolve,
+                    place_sessions=settings.place_sessions)
 
 
 @asynccontextmanager

@@ -20,6 +20,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import grpc
@@ -206,10 +207,15 @@ class ChatTurns:
 
     def _route_key(self, turn: _Turn) -> bytes:
         """Which replica the turn's call goes to: known at once, so the call can open before the history loads."""
-        salt = cache_salt_for(self.settings.prefix_cache, turn.tenant)
         if turn.request.session_id is not None:
-            return session_key(salt, str(turn.request.session_id))
+            return self.session_route_key(turn.tenant)(str(turn.request.session_id))
+        salt = cache_salt_for(self.settings.prefix_cache, turn.tenant)
         return prefix_key(salt, [turn.system_prompt, turn.request.message], self.settings.routing_prefix_chars)
+
+    def session_route_key(self, tenant: str) -> Callable[[str], bytes]:
+        """The routing key of ``tenant``'s session turns, by session id (CreateSession places new ids with it)."""
+        salt = cache_salt_for(self.settings.prefix_cache, tenant)
+        return lambda session_id: session_key(salt, session_id)
 
     async def _stages(self, turn: _Turn, session_id: uuid.UUID | None, call: GenerationCall, context) -> None:
         """History and retrieval at once, each within its budget, while the inference call opens."""

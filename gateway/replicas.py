@@ -21,6 +21,7 @@ import dataclasses
 import ipaddress
 import logging
 import socket
+import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 
@@ -32,7 +33,7 @@ from servicekit.pool import ChannelPool
 from servicekit.tasks import cancel_and_wait
 from servicekit.tls import ClientTls
 
-from gateway.routing import Choice, Policy, Reason, Router
+from gateway.routing import Choice, Placement, Policy, Reason, Router
 
 log = logging.getLogger(__name__)
 DNS_PREFIX = "dns:///"
@@ -179,7 +180,7 @@ class Replicas:
 
     def __init__(self, entries: list[str], open_pool: Callable, router: Router, *, tls: ClientTls,
                  max_waiting: int, resolve_s: float, server_name: str | None, drain_s: float = 30.0,
-                 resolve: Callable[[str, int], Awaitable[list[str]]] | None = None) -> None:
+                 resolve: Callable[[str, int], Awaitable[list[str]]] | None = None, place_sessions: bool = True) -> None:
         self.entries = entries
         self.tls = tls
         self._resolve_name = resolve or resolve_addresses
@@ -193,6 +194,7 @@ class Replicas:
         self._leaving: set[asyncio.Task] = set()
         #: How long a replica that left DNS keeps its pool for the calls still on it.
         self.drain_s = drain_s
+        self.placement = Placement() if place_sessions else None
 
     @property
     def policy(self) -> Policy:
@@ -263,6 +265,14 @@ class Replicas:
                 f"every inference replica's queue holds {self.max_waiting} or more requests "
                 f"(AGW_GATEWAY_MAX_INFERENCE_WAITING={self.max_waiting}); retry shortly", retry_after_s=0.2)
         return self.router.choose(key, open_)
+
+    def new_session_id(self, key_of: Callable[[str], bytes]) -> str:
+        """A new session's id. Under ``affinity``, one whose routing key (``key_of(id)``) ranks first the routable
+        replica this worker has placed the fewest sessions on (:class:`gateway.routing.Placement`); otherwise
+        (placement off, another policy, one replica) a plain random id."""
+        if self.placement is None or self.policy is not Policy.AFFINITY:
+            return str(uuid.uuid4())
+        return self.placement.session_id(key_of, [r.key for r in self.replicas.values() if r.routable])
 
     def describe(self) -> str:
         return ", ".join(f"{r.name}@{r.address} serving={r.pool.serving} load_known={r.load_known}"

@@ -31,6 +31,9 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import random
+import uuid
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -98,6 +101,51 @@ class Router(Generic[R]):
         bound = min(loads) + self.margin
         chosen = next(i for i, load in enumerate(loads) if load <= bound or not self._full(ranked[i]))
         return Choice(ranked[chosen], Reason.AFFINITY if chosen == 0 else Reason.SPILL)
+
+
+class Placement:
+    """Ids for new sessions, drawn so that the sessions this worker creates spread evenly over the replicas.
+
+    A session's replica is its key's first in the ranking, so a hash decides
+    the split, and with few sessions a hash splits unevenly: 24 sessions over
+    two replicas split 8/16 or worse about one time in seven, and the busier
+    replica's cache overflows while the other's idles (the replica bench,
+    docs/benchmarks.md). The gateway creates session ids, so it can choose one
+    that its key ranks where this worker has placed the fewest sessions: it
+    draws random ids until one does (two draws on average with two replicas).
+    Routing itself is unchanged, a pure function of the key and the names, so
+    every worker and pod still agrees on a session's replica without state;
+    only the counts that guide the choice are this worker's own. Each worker
+    balancing its own sessions balances their sum.
+    """
+
+    def __init__(self, *, draws_per_replica: int = 8, new_id: Callable[[], uuid.UUID] = uuid.uuid4,
+                 rng: random.Random | None = None) -> None:
+        #: Sessions this worker placed, by replica name.
+        self.placed: Counter[str] = Counter()
+        self._draws_per_replica = draws_per_replica
+        self._new_id = new_id
+        self._rng = rng or random.Random()
+
+    def session_id(self, key_of: Callable[[str], bytes], names: Sequence[str]) -> str:
+        """A new session id whose key (``key_of(id)``) ranks first the replica among ``names`` with the fewest
+        sessions placed; a replica new to this worker starts level with the least placed, so a joining replica
+        takes its share of new sessions, not all of them until it catches up. Ties go by chance, so workers
+        that each create a few sessions do not all pick the same replica."""
+        if len(names) < 2:
+            return str(self._new_id())
+        floor = min((self.placed[n] for n in names if n in self.placed), default=0)
+        for name in names:
+            self.placed.setdefault(name, floor)
+        fewest = min(self.placed[n] for n in names)
+        target = self._rng.choice([n for n in names if self.placed[n] == fewest])
+        for _ in range(self._draws_per_replica * len(names)):  # each draw hits the target with chance 1/len(names)
+            candidate = str(self._new_id())
+            first = names[rank(key_of(candidate), names)[0]]
+            if first == target:
+                break
+        self.placed[first] += 1  # missing the target 8 draws running per replica (1 in 10^5 with two) just counts
+        return candidate
 
 
 def prefix_key(salt: str, parts: Sequence[str], max_chars: int) -> bytes:

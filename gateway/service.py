@@ -273,7 +273,9 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
 
     async def CreateSession(self, request, context):
         self.bounds.create_session(request)
-        session = await self.sessions.create(self._tenant(context), dict(request.metadata))
+        tenant = self._tenant(context)
+        session_id = self.backends.inference.new_session_id(self.turns.session_route_key(tenant))
+        session = await self.sessions.create(tenant, dict(request.metadata), session_id)
         return pb.CreateSessionResponse(session=session_to_proto(session))
 
     async def GetSession(self, request, context):

@@ -70,8 +70,10 @@ class Sessions:
         self.database = database
         self.max_per_tenant = max_per_tenant
 
-    async def create(self, tenant: str, metadata: dict[str, str]) -> SessionRecord:
-        session_id = uuid.uuid4()
+    async def create(self, tenant: str, metadata: dict[str, str], session_id: str | None = None) -> SessionRecord:
+        """A new session of ``tenant``'s, with ``session_id`` (a UUID; the inference replicas' placement chooses
+        it) or a random id."""
+        session_id = uuid.UUID(session_id) if session_id is not None else uuid.uuid4()
         # One statement: insert unless the tenant already holds its limit (counted through the
         # (tenant, created_at) index, at most max_per_tenant rows). Concurrent creates at the
         # limit may overshoot it by their number: the limit bounds growth, it is no quota ledger.

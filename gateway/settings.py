@@ -72,6 +72,10 @@ class GatewaySettings(ServiceSettings):
     routing_prefix_chars: int = Field(
         2048, gt=0, description="affinity, calls without a session: how much of the prompt's leading text (system "
         "prompt, first messages) makes the routing key.")
+    place_sessions: bool = Field(
+        True, description="affinity: CreateSession chooses each new session's id so that this worker's sessions "
+        "spread evenly over the replicas (routing stays a hash of the id); off: a plain random id, the hash alone "
+        "decides the split.")
     retrieval_target: str = Field("127.0.0.1:50052", description="Retrieval service address.")
     backend_server_name: str | None = Field(
         None, description="Verify backends' certificates as this name instead of the dialled host."

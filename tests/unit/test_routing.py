@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from types import SimpleNamespace
 
 import grpc
@@ -14,7 +15,7 @@ import pytest
 
 from agent.inference.v1 import inference_pb2
 from gateway.replicas import Replica, Replicas
-from gateway.routing import Policy, Reason, Router, generate_key, prefix_key, rank, session_key
+from gateway.routing import Placement, Policy, Reason, Router, generate_key, prefix_key, rank, session_key
 from servicekit.errors import ResourceExhausted, Unavailable
 
 NAMES = [f"inference-{i}" for i in range(5)]
@@ -118,6 +119,46 @@ def test_prefix_keys_use_the_leading_text_only_and_keep_tenants_apart():
     assert generate_key(chat, 2048) == prefix_key("a", ["sys", "hello"], 2048)
 
 
+def _first(session_id: str, names) -> str:
+    return names[rank(session_key("tenant-salt", session_id), names)[0]]
+
+
+def test_new_sessions_are_placed_evenly_and_routing_still_needs_no_state():
+    placement, names = Placement(), NAMES[:2]
+    key_of = lambda session_id: session_key("tenant-salt", session_id)  # noqa: E731
+    ids = [placement.session_id(key_of, names) for _ in range(24)]
+    firsts = [_first(i, names) for i in ids]
+    # A hash alone splits 24 sessions 8/16 or worse about one time in seven; placement splits them 12/12.
+    assert {name: firsts.count(name) for name in names} == {name: 12 for name in names}
+    # A session's replica is still its key's first in the ranking: any process, with no counts, agrees.
+    assert all(_router().choose(key_of(i), names).replica == first for i, first in zip(ids, firsts))
+    assert len(set(ids)) == len(ids) and all(str(uuid.UUID(i)) == i for i in ids)  # plain UUIDs
+
+
+def test_a_replica_new_to_placement_starts_level_with_the_least_placed():
+    placement = Placement()
+    key_of = lambda session_id: session_key("tenant-salt", session_id)  # noqa: E731
+    for _ in range(20):
+        placement.session_id(key_of, NAMES[:2])
+    firsts = [_first(placement.session_id(key_of, NAMES[:3]), NAMES[:3]) for _ in range(30)]
+    # The joiner takes its third of the new sessions, not all of them until it has placed 10.
+    assert {name: firsts.count(name) for name in NAMES[:3]} == {name: 10 for name in NAMES[:3]}
+
+
+def test_placement_needs_two_replicas_and_only_affinity_places():
+    placement = Placement()
+    assert uuid.UUID(placement.session_id(lambda i: i.encode(), NAMES[:1])) and not placement.placed
+    replicas = _replicas(_replica("a"), _replica("b"))
+    replicas.router.policy = Policy.ROUND_ROBIN
+    replicas.new_session_id(lambda i: session_key("s", i))
+    assert not replicas.placement.placed
+    replicas.router.policy = Policy.AFFINITY
+    replicas.new_session_id(lambda i: session_key("s", i))
+    assert sum(replicas.placement.placed.values()) == 1
+    unplaced = _replicas(_replica("a"), _replica("b"), place_sessions=False)  # AGW_GATEWAY_PLACE_SESSIONS=false
+    assert uuid.UUID(unplaced.new_session_id(lambda i: session_key("s", i))) and unplaced.placement is None
+
+
 def _replica(name: str, *, serving=True, load_known=True, waiting=0) -> Replica:
     pool = SimpleNamespace(serving=serving, channels=[SimpleNamespace(stalled=False, stats=SimpleNamespace(in_flight=0))])
     replica = Replica(name, pool, None)
@@ -125,10 +166,10 @@ def _replica(name: str, *, serving=True, load_known=True, waiting=0) -> Replica:
     return replica
 
 
-def _replicas(*replicas: Replica, max_waiting=0) -> Replicas:
+def _replicas(*replicas: Replica, max_waiting=0, place_sessions=True) -> Replicas:
     router = Router(Policy.AFFINITY, name=lambda r: r.key, load=lambda r: r.load, margin=4)
     found = Replicas([r.address for r in replicas], open_pool=None, router=router, tls=None,
-                     max_waiting=max_waiting, resolve_s=10, server_name=None)
+                     max_waiting=max_waiting, resolve_s=10, server_name=None, place_sessions=place_sessions)
     found.replicas = {r.address: r for r in replicas}
     return found
 
