@@ -20,10 +20,16 @@ and reports the median microseconds per step over several rounds:
   (``AGW_GATEWAY_METRICS_PORT``), without it through the no-op meter (as the
   other benches run the gateway).
 
-These run with the tracer provider the services install without a collector
-(spans recorded, not exported), so a span's cost here is its creation and end.
+Spans (``--spans``): ``default`` is the tracer provider the services install
+without a collector, which records no span (nothing would read one), so a
+span's cost is the SDK's unsampled span and its context; ``recorded`` records
+spans that no processor takes (the services' default before 2026-12-02);
+``exported`` records them and exports them to a file, as with a collector
+(``AGW_TRACE_FILE``): the in-call cost is then creation, attributes, end and
+the hand-off to the batch processor, whose thread competes for the CPU.
 
-    python bench/edge_costs.py [--repeat 2000] [--rounds 5] [--metrics] [--json FILE]
+    python bench/edge_costs.py [--repeat 2000] [--rounds 5] [--metrics] [--spans default|recorded|exported]
+        [--json FILE]
 """
 
 from __future__ import annotations
@@ -156,13 +162,22 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2000, help="calls of a step per timing")
     parser.add_argument("--rounds", type=int, default=5, help="timings per step (the median is reported)")
     parser.add_argument("--metrics", action="store_true", help="install the Prometheus meter provider first")
+    parser.add_argument("--spans", choices=("default", "recorded", "exported"), default="default",
+                        help="unsampled (the services' default without a collector), recorded and dropped, or "
+                             "recorded and exported to a scratch file")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    configure_tracing("gateway")
+    root = scratch_dir("edge-costs")
+    if args.spans == "recorded":
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+
+        trace.set_tracer_provider(TracerProvider())
+    configure_tracing("gateway", trace_file=root / "spans.jsonl" if args.spans == "exported" else None)
     if args.metrics:
         from servicekit.metrics import configure_metrics
         configure_metrics("gateway", "127.0.0.1", free_port())
-    tls = dev_pki(scratch_dir("edge-costs"))
+    tls = dev_pki(root)
     rows = uvloop.run(_measure(args, tls))
     print_table("µs per step (median of rounds)", rows, ["step", "us", "min_us"])
     one_hop = [r for r in rows if r["step"] != "admission as a span (Chat's stage)"]

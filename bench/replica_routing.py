@@ -55,6 +55,7 @@ class Turn:
     got_token: bool = False
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    session: str = ""
 
 
 @dataclass
@@ -81,7 +82,7 @@ def _channel(port: int, tls, identity: str) -> grpc.aio.Channel:
 
 
 async def _turn(stub, session: str, system: str, message: str, max_tokens: int, on_token=None) -> Turn:
-    turn, started = Turn(), time.perf_counter()
+    turn, started = Turn(session=session), time.perf_counter()
     try:
         async for event in stub.Chat(pb.ChatRequest(
                 session_id=session, message=message, system_prompt=system,
@@ -299,8 +300,14 @@ async def main() -> None:
 def report(runs: list[Run], kill, args, kv_tokens: int) -> None:
     rows = [_row(run) for run in runs]
     print(f"\n{command_line()}")
+    # The working set: every session's last prompt, which holds all its earlier ones. Routing matters most where
+    # it fits the two replicas' caches together but not one: affinity can keep it, round_robin makes each hold all.
+    last: dict[str, int] = {}
+    for turn in runs[0].turns if runs else ():
+        last[turn.session] = max(last.get(turn.session, 0), turn.prompt_tokens)
     print_table(f"{args.sessions} sessions x {args.rounds} turns, 3 tenants, concurrency {args.concurrency}; "
-                f"each replica's KV cache holds {kv_tokens} tokens", rows,
+                f"each replica's KV cache holds {kv_tokens} tokens; the sessions' last prompts add up to "
+                f"{sum(last.values())} ({runs[0].policy if runs else ''})", rows,
                 ["policy", "turns", "failed", "prompt_tokens", "cached_fraction", "ttft_p50_ms", "ttft_p95_ms",
                  "ttft_p99_ms", "split", "spilled", "round_0"])
     by_policy = {row["policy"]: row for row in rows}
@@ -313,7 +320,7 @@ def report(runs: list[Run], kill, args, kv_tokens: int) -> None:
         # best any router can do: round_robin then loses only what a session added since it last visited a replica.
         print(f"single / round_robin: {by_policy['single']['cached_fraction'] / max(by_policy['round_robin']['cached_fraction'], 1e-9):.2f}x "
               "(the ceiling of affinity / round_robin when every session fits one replica's cache)")
-    data = {"runs": rows, "kv_cache_tokens": kv_tokens}
+    data = {"runs": rows, "kv_cache_tokens": kv_tokens, "working_set_tokens": sum(last.values())}
     if kill is not None:
         run, events = kill
         failed = [t for t in run.turns if t.status != "OK"]

@@ -13,6 +13,7 @@ signal during warm-up cancels the warm-up.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -159,6 +160,7 @@ async def running_service(
     credentials: grpc.ServerCredentials | None = None,
     insecure: bool = False,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    freeze_heap: bool = False,
 ) -> AsyncIterator[RunningService]:
     """Serve ``app`` until the body exits, then drain and close in reverse order.
 
@@ -167,6 +169,10 @@ async def running_service(
             identity folder, reloaded when renewed (``AGW_TLS_RELOAD_S``).
         insecure: listen in plaintext (development only; the caller warns).
         interceptors: run before the edge interceptor (for example tracing).
+        freeze_heap: once warmed up, collect and then freeze what start-up
+            built (``gc.freeze``), so that the collector's full passes walk
+            only what calls made; a process's entry point asks for it, a test
+            serving in its own process does not (it would freeze the test's heap).
     """
     started = time.perf_counter()
     insecure = insecure or getattr(app, "insecure", False)
@@ -179,12 +185,7 @@ async def running_service(
                                                      client_trace=getattr(app, "client_trace", None))],
         options=server_options(settings),
     )
-    service_names = [service.full_name for service in app.services]
-    health_servicer = health_aio.HealthServicer()
-    health = Health(health_servicer, service_names)
-    await health.set_serving(False)
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection([*service_names, HEALTH_SERVICE, reflection.SERVICE_NAME], server)
+    health = await _health_and_reflection(server, app)
     app.register(server)
     if insecure:
         port = server.add_insecure_port(settings.listen_address)
@@ -205,11 +206,38 @@ async def running_service(
             stack.callback(settings.port_file.unlink, missing_ok=True)
         await stack.enter_async_context(app.lifespan(health))
         stack.push_async_callback(running.drain)  # first: drain before backends close
+        if freeze_heap:
+            _freeze_startup_heap(app.name)
         readiness.ready = True
         await health.set_serving(True)
         log.info("%s SERVING on port %d after %.0f ms", app.name, port, (time.perf_counter() - started) * 1000)
         yield running
     log.info("%s stopped", app.name)
+
+
+async def _health_and_reflection(server: grpc.aio.Server, app: ServiceApp) -> Health:
+    """Add the health service (NOT_SERVING until warmed up) and reflection for the app's services."""
+    service_names = [service.full_name for service in app.services]
+    health_servicer = health_aio.HealthServicer()
+    health = Health(health_servicer, service_names)
+    await health.set_serving(False)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection([*service_names, HEALTH_SERVICE, reflection.SERVICE_NAME], server)
+    return health
+
+
+def _freeze_startup_heap(name: str) -> None:
+    """Move what start-up built out of the garbage collector's reach (``gc.freeze``).
+
+    Start-up's objects (modules, descriptors, pools, the engine) live as long
+    as the process, yet every full collection walked them: in a gateway
+    worker, 65k objects in 39 ms, a pause inside some call. Collected first,
+    so start-up's garbage is freed, not kept; called before SERVING, so no
+    call waits on it.
+    """
+    gc.collect()
+    gc.freeze()
+    log.info("%s: %d objects from start-up frozen out of garbage collection", name, gc.get_freeze_count())
 
 
 def _server_credentials(settings: ServiceSettings) -> grpc.ServerCredentials:
@@ -281,7 +309,7 @@ async def serve_until_signalled(app: ServiceApp, settings: ServiceSettings, **kw
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, handler, signum)
     try:
-        async with running_service(app, settings, **kwargs):
+        async with running_service(app, settings, freeze_heap=True, **kwargs):
             handler.ready = True
             await stop.wait()
         return 0

@@ -363,3 +363,10 @@ async def test_prompt_over_context_names_limit_and_length(stub):
         await _generate(stub, pb.GenerateRequest(prompt=PASSAGE * 200, sampling=pb.SamplingParams(max_tokens=10)))
     match = re.search(rf"prompt is (\d+) tokens but the context is {CONTEXT} tokens and max_tokens=10", caught.value.details())
     assert match and int(match.group(1)) > CONTEXT - 10
+
+
+def test_the_service_process_freezes_its_start_up_heap_before_it_serves(inference_service):
+    # Full collections then walk what calls made, not the engine and modules start-up built (servicekit.server).
+    log = inference_service.process.log_text()
+    assert "objects from start-up frozen out of garbage collection" in log, log[-2000:]
+    assert log.index("frozen out of garbage collection") < log.index("SERVING on port")
