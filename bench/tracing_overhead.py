@@ -3,7 +3,7 @@
 
 One inference and one retrieval service (both exporting to a real OTLP
 receiver started here), and three gateway processes on them:
-- off: no OTEL_EXPORTER_OTLP_ENDPOINT (spans exist for the trace id, nothing is exported);
+- off: no OTEL_EXPORTER_OTLP_ENDPOINT (no span recorded since 2026-12-02; every call still gets a trace id);
 - on: exporting to the receiver over OTLP/gRPC;
 - content: exporting, with AGW_TRACE_CONTENT=1 (prompt and answer on spans);
 - dead: exporting to an address where nothing listens (a collector that is down).
