@@ -24,7 +24,7 @@ from opentelemetry import trace
 
 from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from agent.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
-from servicekit.channels import ChannelSpec
+from servicekit.channels import ChannelSpec, status_after_failed_write
 from servicekit.errors import DeadlineExceeded, ServiceError, Unavailable, from_rpc_error
 from servicekit.metrics import meter
 from servicekit.pool import ChannelPool, Liveness, PooledChannel
@@ -245,8 +245,7 @@ class StartedStream:
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
             # The call ended before or during this write (an early call refused as UNIMPLEMENTED, say). The
             # write's own error can be a transport detail ("Internal error from Core"): the call's status says why.
-            status = grpc.aio.AioRpcError(await self._call.code(), await self._call.initial_metadata(),
-                                          await self._call.trailing_metadata(), await self._call.details())
+            status = await status_after_failed_write(self._call)
             raise backend_error(status, self._pool, self._pooled, self._generation) from None
 
     def __aiter__(self) -> StartedStream:

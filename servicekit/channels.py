@@ -147,3 +147,28 @@ async def wait_ready(channel: grpc.aio.Channel, *, timeout_s: float, target: str
 
 class ChannelNotReady(ConnectionError):
     """A channel did not reach READY in time; the message names the target."""
+
+
+# What grpc.aio puts in a call's status when a write fails inside Core: a
+# placeholder, overwritten once the peer's own status is received.
+_CORE_WRITE_PLACEHOLDER = "Internal error from Core"
+
+
+async def status_after_failed_write(call, *, settle_s: float = 1.0, poll_s: float = 0.005) -> grpc.aio.AioRpcError:
+    """The status a peer ended ``call`` with, after a write to it failed.
+
+    A server that refuses a client-streaming call at once (authorization,
+    UNIMPLEMENTED) can end it before or during our first write. grpc.aio then
+    sets a client-side INTERNAL "Internal error from Core" as the call's status
+    and replaces it when the server's status arrives, a moment later. Reading
+    the status at once can see the placeholder (a CI run did), so this waits
+    up to ``settle_s`` for the real one; a placeholder still there after that
+    is returned as it is.
+    """
+    loop = asyncio.get_running_loop()
+    give_up_at = loop.time() + settle_s
+    while (await call.code() == grpc.StatusCode.INTERNAL and await call.details() == _CORE_WRITE_PLACEHOLDER
+           and loop.time() < give_up_at):
+        await asyncio.sleep(poll_s)
+    return grpc.aio.AioRpcError(await call.code(), await call.initial_metadata(), await call.trailing_metadata(),
+                                await call.details(), await call.debug_error_string())

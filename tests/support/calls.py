@@ -8,6 +8,8 @@ import grpc
 from google.protobuf import symbol_database
 from google.protobuf.descriptor import MethodDescriptor
 
+from servicekit.channels import status_after_failed_write
+
 
 async def call_method(channel: grpc.aio.Channel, method: MethodDescriptor, request=None, timeout: float = 10):
     """Invoke ``method`` with ``request`` (default: an empty message) and read it to the end; returns the responses."""
@@ -41,12 +43,11 @@ async def write_once(call, request) -> None:
     request is sent. gRPC's iterator path then reports a client-side INTERNAL
     ("Internal error from Core") in place of the server's status; so can the
     write itself, when the refusal wins the race to it (seen on a CI run). The
-    call's own status, which the server sent, is what is raised then, as the
-    gateway's StartedStream does.
+    status the server sent is what is raised then, waited for past grpc.aio's
+    placeholder as the gateway's StartedStream does.
     """
     try:
         await call.write(request)
         await call.done_writing()
     except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
-        raise grpc.aio.AioRpcError(await call.code(), await call.initial_metadata(), await call.trailing_metadata(),
-                                   await call.details()) from None
+        raise await status_after_failed_write(call) from None

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 
+import grpc
 import pytest
 
 from agent.inference.v1 import inference_pb2
 from agent.retrieval.v1 import retrieval_pb2
 from servicekit import ChannelSpec, KeepalivePolicy, RetryPolicy, service_config
+from servicekit.channels import status_after_failed_write
 
 pytestmark = pytest.mark.unit
 
@@ -61,3 +63,41 @@ def test_retry_backoff_renders_as_durations():
     config = json.loads(service_config([INFERENCE], retry=RetryPolicy(initial_backoff_s=0.1, max_backoff_s=2)))
     assert config["methodConfig"][0]["retryPolicy"]["initialBackoff"] == "0.1s"
     assert config["methodConfig"][0]["retryPolicy"]["maxBackoff"] == "2s"
+
+
+class _EndedCall:
+    """A call whose status reads as grpc.aio's write placeholder for ``placeholder_reads`` reads, then as the peer's."""
+
+    def __init__(self, placeholder_reads: int | None) -> None:
+        self._left = placeholder_reads
+
+    def _placeholder(self) -> bool:
+        return self._left is None or self._left > 0
+
+    async def code(self):
+        if self._left:
+            self._left -= 1
+            return grpc.StatusCode.INTERNAL
+        return grpc.StatusCode.INTERNAL if self._left is None else grpc.StatusCode.PERMISSION_DENIED
+
+    async def details(self):
+        return "Internal error from Core" if self._placeholder() else "tenant/dev may not call /x.Y/Z"
+
+    async def initial_metadata(self):
+        return ()
+
+    async def trailing_metadata(self):
+        return ()
+
+    async def debug_error_string(self):
+        return ""
+
+
+async def test_a_failed_write_reports_the_peers_status_once_it_replaces_the_placeholder():
+    error = await status_after_failed_write(_EndedCall(placeholder_reads=3), poll_s=0)
+    assert (error.code(), error.details()) == (grpc.StatusCode.PERMISSION_DENIED, "tenant/dev may not call /x.Y/Z")
+
+
+async def test_a_placeholder_that_never_clears_is_returned_after_the_bounded_wait():
+    error = await status_after_failed_write(_EndedCall(placeholder_reads=None), settle_s=0.05, poll_s=0.01)
+    assert (error.code(), error.details()) == (grpc.StatusCode.INTERNAL, "Internal error from Core")
