@@ -55,19 +55,51 @@ class Sample:
     tasks: dict[str, int]
     db_connections: int
     channels_ready: int
+    gc: dict[str, dict[str, list[float]]] = field(default_factory=dict)
 
 
-def scrape_tasks(metrics_port: int) -> int:
-    """A service's asyncio tasks, from its Prometheus endpoint (``agw_process_asyncio_tasks``); -1 if unreadable."""
+def scrape(metrics_port: int) -> dict[str, float]:
+    """A service's Prometheus samples, ``name{labels}`` to value; empty if unreadable."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
             text = response.read().decode()
     except OSError:
-        return -1
+        return {}
+    samples = {}
     for line in text.splitlines():
-        if line.startswith("agw_process_asyncio_tasks"):
-            return int(float(line.rsplit(" ", 1)[1]))
-    return -1
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
+def asyncio_tasks(samples: dict[str, float]) -> int:
+    """``agw_process_asyncio_tasks`` from a scrape; -1 if absent."""
+    found = [value for name, value in samples.items() if name.startswith("agw_process_asyncio_tasks")]
+    return int(found[0]) if found else -1
+
+
+#: The histogram bucket bound (ms) past which a collection counts as a long pause in the report.
+LONG_GC_PAUSE_MS = 50
+
+
+def gc_pauses(samples: dict[str, float]) -> dict[str, list[float]]:
+    """Per generation: [collections, total ms, collections longer than LONG_GC_PAUSE_MS] (agw.process.gc_pause)."""
+    totals: dict[str, list[float]] = {}
+    for name, value in samples.items():
+        if not name.startswith("agw_process_gc_pause"):
+            continue
+        generation = name.split('generation="', 1)[1].split('"', 1)[0]
+        row = totals.setdefault(generation, [0.0, 0.0, 0.0])
+        if "_count{" in name:
+            row[0] += value
+        elif "_sum{" in name:
+            row[1] += value
+        elif 'le="' in name and float(name.split('le="', 1)[1].split('"', 1)[0]) == LONG_GC_PAUSE_MS:
+            row[2] -= value  # collections at or under the bound, taken from the count below
+    for row in totals.values():
+        row[2] += row[0]
+    return totals
 
 
 @dataclass
@@ -78,14 +110,16 @@ class Verdict:
 
 async def _sample(pids: dict[str, int], metrics_ports: dict[str, int], operator, started: float) -> Sample:
     stats = await operator.GetStats(pb.GetStatsRequest(), timeout=10)
-    tasks = {name: await asyncio.to_thread(scrape_tasks, port) for name, port in metrics_ports.items()}
+    scraped = {name: await asyncio.to_thread(scrape, port) for name, port in metrics_ports.items()}
+    tasks = {name: asyncio_tasks(found) for name, found in scraped.items() if name != "gateway"}
     return Sample(
         at_s=time.monotonic() - started,
         rss_mib={name: (rss_bytes(pid) or 0) / 2**20 for name, pid in pids.items()},
         fds={name: open_fds(pid) for name, pid in pids.items()},
         threads={name: thread_count(pid) for name, pid in pids.items()},
         tasks={"gateway": stats.asyncio_tasks, **tasks}, db_connections=stats.database.open,
-        channels_ready=sum(c.state == "READY" for b in stats.backends for c in b.channels))
+        channels_ready=sum(c.state == "READY" for b in stats.backends for c in b.channels),
+        gc={name: gc_pauses(found) for name, found in scraped.items()})
 
 
 def judge(samples: list[Sample], settled: Sample) -> Verdict:
@@ -117,7 +151,8 @@ async def soak(connection: Connection, pids: dict[str, int], metrics_ports: dict
                settle_s: float = 3.0) -> tuple[list[Sample], Sample, Verdict, dict]:
     """Run the load and sample meanwhile; then let the stack idle and sample once more.
 
-    ``metrics_ports``: the backends' Prometheus ports, for their asyncio tasks (the gateway's come from GetStats).
+    ``metrics_ports``: Prometheus ports, for the backends' asyncio tasks (the gateway's come from GetStats) and
+    every process's garbage-collection pauses.
     """
     turns = synthetic(rate=rate, duration_s=duration_s, tenants=[connection.identity], sessions_per_tenant=8,
                       retrieval_share=0.5, max_tokens=16, seed=1)
@@ -152,7 +187,23 @@ def report(samples: list[Sample], settled: Sample, verdict: Verdict, load: dict)
           f"{load['first_token_ms'].get('p99', 0):.1f} ms")
     for message, count in load["error_messages"].items():
         print(f"  {count} x {message}")
+    report_gc(samples[0], settled)
     print("PASS" if verdict.passed else "FAIL: " + "; ".join(verdict.reasons))
+
+
+def report_gc(before: Sample, after: Sample) -> None:
+    """Garbage collections during the load (between the first sample and the settled one), per process."""
+    rows = []
+    for name, generations in sorted(after.gc.items()):
+        for generation, (count, total_ms, long) in sorted(generations.items()):
+            was = before.gc.get(name, {}).get(generation, [0.0, 0.0, 0.0])
+            collections = count - was[0]
+            rows.append({"process": name, "generation": generation, "collections": collections,
+                         "total ms": total_ms - was[1],
+                         "mean ms": (total_ms - was[1]) / collections if collections else 0.0,
+                         f"over {LONG_GC_PAUSE_MS} ms": long - was[2]})
+    if rows:
+        print_table("garbage collection during the load (agw.process.gc_pause)", rows, list(rows[0]))
 
 
 def main() -> int:
@@ -164,10 +215,10 @@ def main() -> int:
     args = parser.parse_args()
     root = scratch_dir("soak")
     tls = dev_pki(root)
-    metrics_ports = {"inference": free_port(), "retrieval": free_port()}
+    metrics_ports = {"inference": free_port(), "retrieval": free_port(), "gateway": free_port()}
     with backend_processes(root, tls, AGW_INFERENCE_METRICS_PORT=str(metrics_ports["inference"]),
                            AGW_RETRIEVAL_METRICS_PORT=str(metrics_ports["retrieval"])) as (ports, started):
-        gateway = gateway_process(root, tls, "gateway", ports)
+        gateway = gateway_process(root, tls, "gateway", ports, AGW_GATEWAY_METRICS_PORT=str(metrics_ports["gateway"]))
         started.append(gateway)
         port = gateway.wait_serving()
         connection = Connection(gateway=f"127.0.0.1:{port}", tls_dir=str(tls), identity="dev")

@@ -32,6 +32,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from servicekit.authz import Authorizer, Denylist, Policy
+from servicekit.gc_pauses import GcPauses
 from servicekit.interceptors import HEALTH_SERVICE, EdgeInterceptor, Readiness
 from servicekit.keepalive import GrpcOptions
 from servicekit.metrics import configure_metrics, counter, gauge, meter
@@ -193,9 +194,9 @@ async def running_service(
         port = server.add_secure_port(settings.listen_address, credentials)
     running = RunningService(port=port, server=server, health=health, grace_s=settings.grace_s,
                              authorizer=authorizer)
-    _process_metrics(app.name)
     async with AsyncExitStack() as stack:
         stack.push_async_callback(server.stop, None)  # last: whatever happened, stop
+        _process_metrics(app.name, stack)
         await server.start()
         log.info("%s listening on %s:%d (%s), warming up", app.name, settings.host, port,
                  "PLAINTEXT" if insecure else "mTLS")
@@ -251,7 +252,9 @@ def _server_credentials(settings: ServiceSettings) -> grpc.ServerCredentials:
     return ServerTls.from_dir(settings.identity_files.root).credentials()
 
 
-def _process_metrics(service: str) -> None:
+def _process_metrics(service: str, stack: AsyncExitStack) -> None:
+    """This process's gauges, and its garbage-collection pauses while ``stack`` is open."""
+    stack.enter_context(GcPauses(service))
     loop_name = type(asyncio.get_running_loop()).__module__.split(".")[0]
     gauge(meter("servicekit"), "agw.process.info", lambda: [(1, {"service": service, "event_loop": loop_name})],
           description="Always 1; its labels say which service and event loop (uvloop or asyncio) this process runs.")

@@ -52,6 +52,7 @@ async def test_a_minute_of_agent_turns_leaks_nothing(tmp_path, pki, inference_se
         samples, settled, verdict, load = await soak.soak(connection, pids, metrics_ports, rate=3.0,
                                                           duration_s=60.0, sample_every_s=10.0)
         assert all(task_count > 0 for task_count in settled.tasks.values()), settled.tasks
+        assert settled.gc["inference"]["0"][0] > 0, settled.gc  # the process's collections reach its metrics
         soak.report(samples, settled, verdict, load)
         assert load["turns"] > 100 and load["errors"] == 0, (load["statuses"], load["error_messages"])
         assert verdict.passed, verdict.reasons
