@@ -21,9 +21,11 @@ messages may).
 
     python bench/gateway_overhead.py [--requests 300] [--workers 1,2] [--smg] [--bare] [--json bench/out/overhead.json]
 
-`--bare` adds a unary path through a bare grpc.aio passthrough in front of
-retrieval (bench/grpc_hop_stacks.py: nothing of ours in it), so the gateway's
-unary cost splits into gRPC Python's floor and our handler's share.
+`--bare` adds a path through a bare grpc.aio passthrough on uvloop, as the
+gateway runs, in front of retrieval (unary) and inference (`Generate`, read
+and written as the gateway's passthrough does), with nothing of ours in it
+(bench/grpc_hop_stacks.py), so the gateway's cost splits into gRPC Python's
+floor and our handler's share.
 
 `--smg` adds a streaming block with SMG in front of vLLM's own gRPC server,
 run after ours is stopped (bench/smg_peer.py; `pip install -e '.[peers]'`).
@@ -226,10 +228,11 @@ async def measure(tls: Path, ports: dict[str, int], requests: int, stream_reques
         return (lambda: one(stub.Retrieve(retrieve, timeout=30)),
                 lambda: drain(stub.Generate(gateway_pb2.GenerateRequest(request=generate), timeout=60)))
 
-    def bare():  # unary only: the floor of a grpc.aio hop with nothing of ours (bench/grpc_hop_stacks.py)
+    def bare():  # the floor of a grpc.aio hop with nothing of ours (bench/grpc_hop_stacks.py)
         ch = channel(ports["bare"], "operator/admin")
         channels.append(ch)
-        return (lambda: one(retrieval_pb2_grpc.RetrievalStub(ch).Search(search, timeout=30)), None)
+        rs, is_ = retrieval_pb2_grpc.RetrievalStub(ch), inference_pb2_grpc.InferenceStub(ch)
+        return (lambda: one(rs.Search(search, timeout=30)), lambda: drain(is_.Generate(generate, timeout=60)))
 
     makers = [("direct", direct), ("gateway", ours), ("envoy", envoy), *([("bare", bare)] if "bare" in ports else [])]
     # ``connections`` client connections per path, so several server workers (ours or Envoy's) take load.
@@ -306,7 +309,7 @@ def main() -> int:
     parser.add_argument("--smg-requests", type=int, default=None, help="Generate calls per path and level there "
                         "(default --stream-requests)")
     parser.add_argument("--bare", action="store_true",
-                        help="add a unary path through a bare grpc.aio passthrough (nothing of ours: the stack's floor)")
+                        help="add a unary and a stream path through a bare grpc.aio passthrough on uvloop (the stack's floor)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.smg:
@@ -326,7 +329,7 @@ def main() -> int:
             from grpc_hop_stacks import start_bare_proxy
 
             ports["bare"] = free_port()
-            bare = start_bare_proxy(ports["bare"], tls, ports["retrieval"])
+            bare = start_bare_proxy(ports["bare"], tls, ports["retrieval"], ports["inference"])
         try:
             for workers in args.workers:
                 gateway_port = free_port()  # fixed: the workers share it

@@ -49,6 +49,8 @@ from tests.support.servers import free_port
 #: Under the retrieval service's name, so that the Envoy route of bench/gateway_overhead.py sends it to the backend.
 SERVICE, NAME = "agent.retrieval.v1.Retrieval", "BenchEcho"
 METHOD = f"/{SERVICE}/{NAME}"
+#: The server-streaming method a bare hop forwards when given a stream upstream (the inference service).
+STREAMED = "/agent.inference.v1.Inference/Generate"
 PAYLOAD = b"x" * 200
 #: The proxies measured, each a process of its own (Envoy is added apart).
 PROXIES = ("aio", "aio_uvloop", "aio_interceptor", "aio_config", "aio_metadata", "sync")
@@ -81,19 +83,35 @@ class _Forward(grpc.GenericRpcHandler):
     """Every unary method, forwarded as bytes over one long-lived channel: a bare passthrough.
 
     ``channel`` is a grpc.aio or a sync channel; ``behaviour(call)`` makes the handler for an upstream call.
+    ``streams`` (grpc.aio only) maps server-streaming methods to the channel they are forwarded on, each message
+    read and written as the gateway's Generate does (read, then write, one task).
     """
 
-    def __init__(self, channel, behaviour) -> None:
+    def __init__(self, channel, behaviour, streams: dict | None = None) -> None:
         self._channel, self._behaviour, self._handlers = channel, behaviour, {}
+        self._streams = streams or {}
 
     def service(self, details):
         handler = self._handlers.get(details.method)
-        if handler is None:
+        if handler is None and details.method in self._streams:
+            upstream = self._streams[details.method].unary_stream(details.method, request_serializer=_identity,
+                                                                  response_deserializer=_identity)
+            handler = self._handlers[details.method] = grpc.unary_stream_rpc_method_handler(
+                _aio_stream_forwarding(upstream), request_deserializer=_identity, response_serializer=_identity)
+        elif handler is None:
             upstream = self._channel.unary_unary(details.method, request_serializer=_identity,
                                                  response_deserializer=_identity)
             handler = self._handlers[details.method] = grpc.unary_unary_rpc_method_handler(
                 self._behaviour(upstream), request_deserializer=_identity, response_serializer=_identity)
         return handler
+
+
+def _aio_stream_forwarding(upstream):
+    async def call(request, context):
+        upstream_call = upstream(request, timeout=60)
+        while (message := await upstream_call.read()) is not grpc.aio.EOF:
+            await context.write(message)
+    return call
 
 
 def _aio_forwarding(upstream):
@@ -139,8 +157,11 @@ def _our_options(tls: Path, upstream: int) -> tuple[list, grpc.aio.Channel]:
     return server_options(GatewaySettings(tls_dir=tls)), open_channel(spec)
 
 
-async def _serve_aio(port: int, tls: Path, upstream: int | None, role: str) -> None:
-    """The echo backend (``upstream`` None), or the bare grpc.aio hop that ``role`` names."""
+async def _serve_aio(port: int, tls: Path, upstream: int | None, role: str, stream_upstream: int | None = None) -> None:
+    """The echo backend (``upstream`` None), or the bare grpc.aio hop that ``role`` names.
+
+    With ``stream_upstream``, the hop also forwards the inference service's ``Generate`` stream there.
+    """
     options = channel = None
     if role == "aio_config":
         options, channel = _our_options(tls, upstream)
@@ -151,7 +172,9 @@ async def _serve_aio(port: int, tls: Path, upstream: int | None, role: str) -> N
         channel = channel or grpc.aio.secure_channel(f"127.0.0.1:{upstream}",
                                                      _channel_credentials(tls, "service/gateway"))
         forwarding = _aio_forwarding_with_metadata if role == "aio_metadata" else _aio_forwarding
-        server.add_generic_rpc_handlers([_Forward(channel, forwarding)])
+        streams = {} if stream_upstream is None else {STREAMED: grpc.aio.secure_channel(
+            f"127.0.0.1:{stream_upstream}", _channel_credentials(tls, "service/gateway"))}
+        server.add_generic_rpc_handlers([_Forward(channel, forwarding, streams)])
     server.add_secure_port(f"127.0.0.1:{port}", _server_credentials(tls, "retrieval" if upstream is None else "gateway"))
     await server.start()
     await server.wait_for_termination()
@@ -172,19 +195,26 @@ def _role_main(args) -> None:
         _serve_sync(args.port, args.tls, args.upstream, args.sync_threads)
     else:
         run = uvloop.run if args.role == "aio_uvloop" else asyncio.run
-        run(_serve_aio(args.port, args.tls, None if args.role == "backend" else args.upstream, args.role))
+        run(_serve_aio(args.port, args.tls, None if args.role == "backend" else args.upstream, args.role,
+                       args.stream_upstream))
 
 
-def start_bare_proxy(port: int, tls: Path, upstream: int) -> subprocess.Popen:
-    """A bare grpc.aio passthrough on ``port`` to ``upstream``, as its own process (bench/gateway_overhead.py --bare)."""
-    return _start("aio", port, tls, upstream, 0)
+def start_bare_proxy(port: int, tls: Path, upstream: int, stream_upstream: int | None = None) -> subprocess.Popen:
+    """A bare grpc.aio passthrough on uvloop (as the gateway runs), on ``port`` to ``upstream``, as its own process.
+
+    With ``stream_upstream`` it also forwards ``Generate`` streams there (bench/gateway_overhead.py --bare).
+    """
+    return _start("aio_uvloop", port, tls, upstream, 0, stream_upstream)
 
 
-def _start(role: str, port: int, tls: Path, upstream: int | None, threads: int) -> subprocess.Popen:
+def _start(role: str, port: int, tls: Path, upstream: int | None, threads: int,
+           stream_upstream: int | None = None) -> subprocess.Popen:
     command = [sys.executable, __file__, "--role", role, "--port", str(port), "--tls", str(tls),
                "--sync-threads", str(threads)]
     if upstream is not None:
         command += ["--upstream", str(upstream)]
+    if stream_upstream is not None:
+        command += ["--stream-upstream", str(stream_upstream)]
     return subprocess.Popen(command)
 
 
@@ -235,6 +265,7 @@ def main() -> None:
     parser.add_argument("--role", choices=["backend", *PROXIES], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--stream-upstream", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--tls", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role:
