@@ -75,8 +75,26 @@ async def _fill(stack: AsyncExitStack, replica, count: int) -> list:
     """``count`` long generations on ``replica``, called directly (as the gateway), to load it."""
     channel = await stack.enter_async_context(mtls_channel(replica.port, replica.tls_dir, identity="service/gateway"))
     return [inference_pb2_grpc.InferenceStub(channel).Generate(inference_pb2.GenerateRequest(
-        prompt=f"busy {i}", sampling=inference_pb2.SamplingParams(max_tokens=2000, ignore_eos=True)), timeout=120)
+        prompt=f"busy {i}", sampling=inference_pb2.SamplingParams(max_tokens=4000, ignore_eos=True)), timeout=120)
         for i in range(count)]
+
+
+async def _until_queued(stack: AsyncExitStack, replica, routed, within_s: float = 15) -> list:
+    """Until the gateway sees a call waiting in ``replica``'s queue, adding a long generation every second.
+
+    On a fast machine the first fills can finish their tokens before the next ones arrive (CI runs saw no call
+    waiting 10 s after filling one past the batch); what is under test is the routing once the queue is not
+    empty, not how long a generation lasts. Returns the calls it added.
+    """
+    added, deadline = [], time.monotonic() + within_s
+    while routed.waiting < 1:
+        assert time.monotonic() < deadline, f"not within {within_s} s: a call waiting in {routed.address}'s queue"
+        added += await _fill(stack, replica, 1)
+        for _ in range(20):
+            if routed.waiting >= 1:
+                break
+            await asyncio.sleep(0.05)
+    return added
 
 
 async def _sessions_on(stub, addresses: list[str], index: int, count: int) -> list[str]:
@@ -159,7 +177,7 @@ async def test_load_beyond_the_margin_spills_to_the_next_replica_and_returns(
             await _turn(stub, session)
             assert hot.routed[Reason.AFFINITY] == 1  # load 3 > 0 + margin 1, but its batch (4) has room
             busy += await _fill(stack, second_replica, 2)
-            await _until(lambda: hot.waiting >= 1, 10, "a call waiting in replica 2's queue")
+            busy += await _until_queued(stack, second_replica, hot)
             await _turn(stub, session)
             assert other.routed[Reason.SPILL] == 1  # full, and load 5 > 0 + margin 1
             assert hot.routed[Reason.AFFINITY] == 1
