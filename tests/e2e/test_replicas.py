@@ -41,11 +41,18 @@ def _addresses(*services) -> list[str]:
     return [f"127.0.0.1:{service.port}" for service in services]
 
 
-async def _until(condition, within_s: float, what: str) -> None:
+async def _eventually(condition, within_s: float) -> bool:
+    """Whether ``condition()`` held within ``within_s`` seconds (polled every 50 ms)."""
     deadline = time.monotonic() + within_s
     while not condition():
-        assert time.monotonic() < deadline, f"not within {within_s} s: {what}"
+        if time.monotonic() >= deadline:
+            return False
         await asyncio.sleep(0.05)
+    return True
+
+
+async def _until(condition, within_s: float, what: str) -> None:
+    assert await _eventually(condition, within_s), f"not within {within_s} s: {what}"
 
 
 def _replica(app, address: str):
@@ -87,13 +94,9 @@ async def _until_queued(stack: AsyncExitStack, replica, routed, within_s: float 
     empty, not how long a generation lasts. Returns the calls it added.
     """
     added, deadline = [], time.monotonic() + within_s
-    while routed.waiting < 1:
+    while not await _eventually(lambda: routed.waiting >= 1, 1.0):
         assert time.monotonic() < deadline, f"not within {within_s} s: a call waiting in {routed.address}'s queue"
         added += await _fill(stack, replica, 1)
-        for _ in range(20):
-            if routed.waiting >= 1:
-                break
-            await asyncio.sleep(0.05)
     return added
 
 

@@ -3,36 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-from contextlib import asynccontextmanager
 
 import grpc
 import pytest
 
 from agent.gateway.v1 import gateway_pb2 as pb
-from agent.gateway.v1 import gateway_pb2_grpc
 from agent.inference.v1 import inference_pb2
-from gateway.service import GATEWAY_SERVICE
-from servicekit.channels import wait_ready
 from servicekit.errors import retry_delay_s
-from tests.support.gateway_stack import gateway_server
-from tests.support.grpc_client import mtls_channel
+from tests.support.gateway_stack import gateway_server, gateway_stub
 from tests.support.retrieval_service import retrieval_server
 from tests.support.servers import scripted_app
 
 pytestmark = pytest.mark.integration
-
-
-@asynccontextmanager
-async def ready_gateway_stub(port: int, tls_dir, identity: str = "tenant/dev"):
-    """A stub on a channel already connected: the flood below must reach admission, not race the TLS handshake.
-
-    Once in CI the first connection's handshake failed ("Handshake read failed (Endpoint closing)") and two of
-    the four flooding calls ended UNAVAILABLE before reaching the gateway; a connection made first takes that
-    out of what this test judges (wait_ready reconnects until READY).
-    """
-    async with mtls_channel(port, tls_dir, identity=identity, services=[GATEWAY_SERVICE]) as channel:
-        await wait_ready(channel, timeout_s=15, target=f"the gateway as {identity}")
-        yield gateway_pb2_grpc.AgentGatewayStub(channel)
 
 
 async def test_a_flooding_tenant_is_refused_and_another_is_admitted(tmp_path, pki, database_url):
@@ -41,8 +23,10 @@ async def test_a_flooding_tenant_is_refused_and_another_is_admitted(tmp_path, pk
             scripted_app(pki.root) as (inference, _), \
             gateway_server(pki.root, inference.port, retrieval.port, database_url=database_url,
                            max_in_flight=8, max_in_flight_per_tenant=2, tenant_weights="other=1.5") as (gateway, _):
-        async with ready_gateway_stub(gateway.port, pki.root) as dev, \
-                ready_gateway_stub(gateway.port, pki.root, identity="tenant/other") as other:
+        # Connected first: once in CI the first connection's handshake failed ("Handshake read failed (Endpoint
+        # closing)") and two flooding calls ended UNAVAILABLE before reaching admission, which this test judges.
+        async with gateway_stub(gateway.port, pki.root, ready_within_s=15) as dev, \
+                gateway_stub(gateway.port, pki.root, identity="tenant/other", ready_within_s=15) as other:
 
             async def turn(stub):
                 try:

@@ -11,6 +11,7 @@ from agent.gateway.v1 import gateway_pb2_grpc
 from gateway.service import GATEWAY_SERVICE, GatewayApp
 from gateway.settings import GatewaySettings
 from servicekit import running_service
+from servicekit.channels import wait_ready
 from tests.support.grpc_client import mtls_channel
 
 
@@ -75,6 +76,11 @@ async def gateway_server(tls_dir: Path, inference_port: int | list[int] | str, r
 
 
 @asynccontextmanager
-async def gateway_stub(port: int, tls_dir: Path, identity: str = "tenant/dev", **options):
+async def gateway_stub(port: int, tls_dir: Path, identity: str = "tenant/dev", *, ready_within_s: float | None = None,
+                       **options):
+    """A tenant's (or ``identity``'s) stub on the gateway; with ``ready_within_s``, its channel is connected first
+    (reconnecting until READY), for a test whose first calls must reach the gateway rather than race the handshake."""
     async with mtls_channel(port, tls_dir, identity=identity, services=[GATEWAY_SERVICE], **options) as channel:
+        if ready_within_s is not None:
+            await wait_ready(channel, timeout_s=ready_within_s, target=f"the gateway as {identity}")
         yield gateway_pb2_grpc.AgentGatewayStub(channel)
