@@ -75,7 +75,6 @@ def add_service(server, service: ServiceDescriptor, servicer, raw_responses: Col
     """Register ``servicer`` for ``service`` on ``server`` (see :func:`method_handlers`)."""
     handlers = method_handlers(service, servicer, raw_responses)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
-    server.add_registered_method_handlers(service.full_name, handlers)
 
 
 def _kind(method: MethodDescriptor) -> str:

@@ -186,8 +186,8 @@ async def running_service(
                                                      client_trace=getattr(app, "client_trace", None))],
         options=server_options(settings),
     )
-    health = await _health_and_reflection(server, app)
-    app.register(server)
+    health = await _health_and_reflection(GenericHandlersOnly(server), app)
+    app.register(GenericHandlersOnly(server))
     if insecure:
         port = server.add_insecure_port(settings.listen_address)
     else:
@@ -216,7 +216,30 @@ async def running_service(
     log.info("%s stopped", app.name)
 
 
-async def _health_and_reflection(server: grpc.aio.Server, app: ServiceApp) -> Health:
+class GenericHandlersOnly:
+    """A grpc.aio server as registration code sees it: handlers go in as generic handlers only.
+
+    The generated ``add_*Servicer_to_server`` also registers every method with
+    the server as a "registered method". grpc.aio then keeps one pending
+    request task per registered method, and its accept loop runs
+    ``asyncio.wait`` over all of them for every incoming call, adding and
+    removing a done callback on each: a cost per call that grows with the
+    number of methods served (the gateway's methods, health's and
+    reflection's), where one generic handler costs one task. Generic handlers
+    are looked up in Python by method name, one dict lookup per service.
+    """
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self._server = server
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        self._server.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(self, service_name: str, method_handlers: dict) -> None:
+        """Ignored: the same handlers came in through :meth:`add_generic_rpc_handlers` (see the class)."""
+
+
+async def _health_and_reflection(server: GenericHandlersOnly, app: ServiceApp) -> Health:
     """Add the health service (NOT_SERVING until warmed up) and reflection for the app's services."""
     service_names = [service.full_name for service in app.services]
     health_servicer = health_aio.HealthServicer()
