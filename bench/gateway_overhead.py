@@ -87,6 +87,13 @@ class CpuMeter:
     def spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
         return {name: after[name] - before[name] for name in before}
 
+    def idle(self, seconds: float) -> dict[str, float]:
+        """CPU milliseconds per second of each group while no call runs: its background (health and liveness
+        probes, WatchLoad, metric and span readers, the gRPC poller), which every per-call figure includes."""
+        before = self.sample()
+        time.sleep(seconds)
+        return {name: spent * 1000 / seconds for name, spent in self.spent(before, self.sample()).items()}
+
 
 def envoy_config(tls: Path, port: int, retrieval_port: int, inference_port: int) -> dict:
     def cluster(name: str, backend_port: int) -> dict:
@@ -310,6 +317,8 @@ def main() -> int:
                         "(default --stream-requests)")
     parser.add_argument("--bare", action="store_true",
                         help="add a unary and a stream path through a bare grpc.aio passthrough on uvloop (the stack's floor)")
+    parser.add_argument("--idle-s", type=float, default=5.0,
+                        help="seconds with no calls before the runs, to read each process's background CPU")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.smg:
@@ -319,7 +328,7 @@ def main() -> int:
 
     root = scratch_dir("overhead")
     tls = dev_pki(root)
-    rows = []
+    rows, idle = [], {}
     backend_env = {} if args.stream_interval is None else {"AGW_INFERENCE_STREAM_INTERVAL": str(args.stream_interval)}
     with backend_processes(root, tls, **backend_env) as (ports, started):
         inference_pid = started[0].pid
@@ -348,6 +357,7 @@ def main() -> int:
                         "inference": lambda: [inference_pid],
                         "engine": lambda: sorted(descendants(inference_pid)),
                     })
+                    idle[workers] = meter.idle(args.idle_s)
                     measured = asyncio.run(measure(tls, ports, args.requests, args.stream_requests, args.connections,
                                                    meter))
                     rows += [{"workers": workers, **row} for row in measured]
@@ -373,8 +383,11 @@ def main() -> int:
                 ["workers", "kind", "conc", "path", "p50 ms", "p99 ms", "req/s", "added p50 ms", "vs direct req/s",
                  "msgs/call", "proxy cpu us/unit", "inference cpu us/unit", "engine cpu us/unit",
                  "gateway runq wait ms/s"])
+    for workers, groups in idle.items():
+        print(f"idle CPU, ms per s, {workers} gateway worker(s), no calls for {args.idle_s:g} s: "
+              + ", ".join(f"{name} {value:.1f}" for name, value in groups.items() if name != "gateway_runqueue_wait"))
     print(f"command: {command_line()}")
-    write_json(args.json, {"rows": rows, "workers": args.workers, "stream_interval": args.stream_interval or 1})
+    write_json(args.json, {"rows": rows, "idle_cpu_ms_per_s": idle, "workers": args.workers, "stream_interval": args.stream_interval or 1})
     return 0
 
 
