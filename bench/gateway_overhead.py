@@ -15,9 +15,12 @@ Reports p50/p99 latency, throughput, the added p50 against direct, and the
 throughput ratio to direct; and the CPU each process spent per token
 forwarded (streams) or per call (unary), from /proc/<pid>/stat before and
 after each run: the proxy on the path (gateway workers or Envoy), the
-inference service's own process, and vLLM's engine processes apart. Messages
-per call are counted at the client (tokens do not change under coalescing;
-messages may).
+inference service's own process, and vLLM's engine processes apart. For the
+gateway and the bare hop, the event-loop thread's own CPU too ("its loop
+thread", from /proc/<pid>/task/<pid>/schedstat, in nanoseconds: gRPC's poller
+threads are the rest), and, before the runs, every process's CPU while no call
+runs (`--idle-s`). Messages per call are counted at the client (tokens do not
+change under coalescing; messages may).
 
     python bench/gateway_overhead.py [--requests 300] [--workers 1,2] [--smg] [--bare] [--json bench/out/overhead.json]
 
@@ -60,7 +63,7 @@ from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from agent.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from gateway.tenancy import physical_collection
 from servicekit import ChannelSpec, ClientTls, open_channel, wait_ready
-from servicekit.procfs import cpu_seconds, descendants, runqueue_wait_s
+from servicekit.procfs import cpu_seconds, descendants, runqueue_wait_s, thread_cpu_s
 from tests.support.servers import free_port
 
 DIM = 384
@@ -81,11 +84,18 @@ class CpuMeter:
         # on a shared host that, not its own CPU, is what its added latency is made of.
         if "gateway" in self.groups:
             cpu["gateway_runqueue_wait"] = sum(runqueue_wait_s(str(pid)) or 0.0 for pid in self.groups["gateway"]())
+        # Each hop's CPU by thread (the event loop is the main thread; gRPC's poller and executors are others),
+        # in nanoseconds from schedstat, where /proc/<pid>/stat counts 10 ms ticks.
+        for proxy in ("gateway", "bare"):
+            for pid in self.groups.get(proxy, list)():
+                for thread, seconds in thread_cpu_s(pid).items():
+                    key = f"{proxy} thread {thread}"
+                    cpu[key] = cpu.get(key, 0.0) + seconds
         return cpu
 
     @staticmethod
     def spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-        return {name: after[name] - before[name] for name in before}
+        return {name: after[name] - before.get(name, 0.0) for name in after}
 
     def idle(self, seconds: float) -> dict[str, float]:
         """CPU milliseconds per second of each group while no call runs: its background (health and liveness
@@ -296,6 +306,7 @@ def _table(rows: list[dict]) -> list[dict]:
             "added p50 ms": r["p50"] - base["p50"], "vs direct req/s": f"{r['throughput'] / base['throughput']:.0%}",
             "msgs/call": r["messages"] / r["calls"],
             "proxy cpu us/unit": _per_unit(r, proxy) if proxy else None,
+            "its loop thread": _per_unit(r, f"{proxy} thread main") if f"{proxy} thread main" in r["cpu_s"] else None,
             "inference cpu us/unit": _per_unit(r, "inference"), "engine cpu us/unit": _per_unit(r, "engine"),
             "gateway runq wait ms/s": r["cpu_s"].get("gateway_runqueue_wait", 0) * 1000 / r["seconds"]
             if r["path"] == "gateway" else None,
@@ -379,13 +390,14 @@ def main() -> int:
             connections=args.connections, max_tokens=MAX_TOKENS, measure=measure_smg)]
 
     print_table("one hop, mTLS everywhere; Envoy --concurrency 2; CPU per token (stream) or per call (unary), "
-                "from /proc/<pid>/stat", _table(rows),
+                "from /proc/<pid>/stat (a loop thread's from its schedstat)", _table(rows),
                 ["workers", "kind", "conc", "path", "p50 ms", "p99 ms", "req/s", "added p50 ms", "vs direct req/s",
-                 "msgs/call", "proxy cpu us/unit", "inference cpu us/unit", "engine cpu us/unit",
+                 "msgs/call", "proxy cpu us/unit", "its loop thread", "inference cpu us/unit", "engine cpu us/unit",
                  "gateway runq wait ms/s"])
     for workers, groups in idle.items():
         print(f"idle CPU, ms per s, {workers} gateway worker(s), no calls for {args.idle_s:g} s: "
-              + ", ".join(f"{name} {value:.1f}" for name, value in groups.items() if name != "gateway_runqueue_wait"))
+              + ", ".join(f"{name} {value:.1f}" for name, value in groups.items()
+                          if name != "gateway_runqueue_wait" and " thread " not in name))
     print(f"command: {command_line()}")
     write_json(args.json, {"rows": rows, "idle_cpu_ms_per_s": idle, "workers": args.workers, "stream_interval": args.stream_interval or 1})
     return 0

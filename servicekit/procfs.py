@@ -98,6 +98,21 @@ def cpu_seconds(pid: int | str = "self", proc: Path = Path("/proc")) -> float | 
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu_s(pid: int, proc: Path = Path("/proc")) -> dict[str, float]:
+    """On-CPU seconds of each live thread of process ``pid``, summed by thread name, the main thread (an
+    asyncio service's event loop) as ``main`` (``/proc/<pid>/task/<tid>/schedstat``, in nanoseconds where
+    ``stat`` counts clock ticks). Threads that ended are not counted; empty if the process is gone."""
+    found: dict[str, float] = {}
+    for task in (proc / str(pid) / "task").glob("*"):
+        try:
+            name = "main" if task.name == str(pid) else (task / "comm").read_text().strip()
+            on_cpu_ns = int((task / "schedstat").read_text().split()[0])
+        except (OSError, IndexError, ValueError):  # the thread ended meanwhile
+            continue
+        found[name] = found.get(name, 0.0) + on_cpu_ns / 1e9
+    return found
+
+
 def rss_bytes(pid: int | str = "self", proc: Path = Path("/proc")) -> int | None:
     """Resident memory of process ``pid`` (``/proc/<pid>/statm``), in bytes; None if gone."""
     try:

@@ -1,4 +1,5 @@
-"""servicekit.procfs: the run-queue wait counter and the CPU scheduling group (and the doctor's check of it)."""
+"""servicekit.procfs: the run-queue wait counter, CPU by thread, and the CPU scheduling group (and the doctor's
+check of it)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 
 from agentgw.connection import Connection
 from agentgw.doctor import Doctor, Status
-from servicekit.procfs import autogroups_enabled, cpu_scheduling_group, runqueue_wait_s
+from servicekit.procfs import autogroups_enabled, cpu_scheduling_group, runqueue_wait_s, thread_cpu_s
 
 _HOG = "import os, time\nos.sched_setaffinity(0, {{{cpu}}})\nend = time.time() + {seconds}\nwhile time.time() < end: pass\n"
 
@@ -32,6 +33,43 @@ def test_runqueue_wait_grows_while_others_hold_our_cpu():
             hog.kill()
             hog.wait()
     assert waited > 0.2, f"waited only {waited * 1000:.1f} ms for the CPU in 1 s shared three ways"
+
+_BUSY_THREAD = """
+import threading, time
+def spin(seconds):
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+spun, stop = threading.Event(), threading.Event()
+def work():
+    spin(0.6)
+    spun.set()
+    stop.wait()  # alive, so counted
+threading.Thread(target=work, daemon=True).start()
+spin(0.2)  # the main thread
+spun.wait()
+print("done", flush=True)
+time.sleep(30)
+"""
+
+
+def test_thread_cpu_names_the_main_thread_and_counts_each_thread_apart():
+    process = subprocess.Popen([sys.executable, "-c", _BUSY_THREAD], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().strip() == "done"
+        threads = thread_cpu_s(process.pid)
+    finally:
+        process.kill()
+        process.wait()
+    # To the nanosecond, where /proc/<pid>/stat counts 10 ms ticks of the whole process: the main thread's
+    # spin (and start-up's imports), and the worker's apart, under its name (a Python thread keeps the
+    # process's command name).
+    main = threads.pop("main")
+    [(_name, worker)] = threads.items()
+    assert 0.2 <= main < 0.6
+    assert 0.6 <= worker < 0.9
+    assert thread_cpu_s(999999999) == {}
+
 
 def test_an_unknown_thread_reads_as_none():
     assert runqueue_wait_s("999999999") is None
