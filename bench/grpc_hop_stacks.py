@@ -43,6 +43,7 @@ import uvloop
 from gateway_overhead import start_envoy
 from harness import dev_pki, print_table, scratch_dir, summary, write_json
 
+from servicekit.keepalive import KeepalivePolicy
 from servicekit.procfs import cpu_seconds
 from tests.support.servers import free_port
 
@@ -162,9 +163,13 @@ async def _serve_aio(port: int, tls: Path, upstream: int | None, role: str, stre
 
     With ``stream_upstream``, the hop also forwards the inference service's ``Generate`` stream there.
     """
-    options = channel = None
+    channel = None
     if role == "aio_config":
         options, channel = _our_options(tls, upstream)
+    else:
+        # Accept the keepalive pings of servicekit's clients (bench/gateway_overhead.py's): gRPC's default answers
+        # them with GOAWAY too_many_pings, and the reconnect's handshake lands in a measured run. Transport only.
+        options = KeepalivePolicy().server_options()
     server = grpc.aio.server(interceptors=[_PerCallWrap()] if role == "aio_interceptor" else None, options=options)
     if upstream is None:
         server.add_generic_rpc_handlers([_echo_handler()])
