@@ -339,7 +339,7 @@ async def test_a_tenant_past_its_session_and_collection_limits_is_refused(tmp_pa
 
 async def test_one_connection_holds_at_most_its_bound_of_streams(tmp_path, pki, database_url):
     async with retrieval_server(tmp_path / "retrieval", pki.root) as (retrieval, _), \
-            scripted_app(pki.root) as (inference, _), \
+            scripted_app(pki.root) as (inference, scripted), \
             gateway_server(pki.root, inference.port, retrieval.port, database_url=database_url,
                            max_concurrent_streams=2, max_in_flight=50, max_in_flight_per_tenant=50) as (gateway, app):
         async with gateway_stub(gateway.port, pki.root) as stub:  # one channel: one connection
@@ -357,9 +357,12 @@ async def test_one_connection_holds_at_most_its_bound_of_streams(tmp_path, pki, 
     done = [r for r in results if not isinstance(r, BaseException)]
     refused = [r for r in results if isinstance(r, BaseException)]
     assert max(seen) == 2, max(seen)  # the server never held more than the bound for one connection
-    # The others waited in the client's queue; one opened as a stream was ending may be refused, never run.
-    assert len(done) >= 4 and all(events[-1].HasField("final") for events in done)
+    # The others waited in the client's queue. One opened while the server still counted a stream the client saw
+    # end is refused (REFUSED_STREAM, UNAVAILABLE): how many depends on timing (0-2 in quiet runs, 3 once in a
+    # loaded CI run, with or without generic-handler registration), but a refused call never ran.
+    assert done and all(events[-1].HasField("final") for events in done)
     assert all(isinstance(e, grpc.aio.AioRpcError) and e.code() == grpc.StatusCode.UNAVAILABLE for e in refused)
+    assert scripted.servicer.generations == len(done), (scripted.servicer.generations, len(done), refused)
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "192.0.2.7", "::"])
