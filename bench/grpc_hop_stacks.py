@@ -21,7 +21,9 @@ which one is worth it before any gateway code moves:
 - ``envoy``: Envoy, configured as bench/gateway_overhead.py does (the peer's floor).
 
 Each proxy is a bare passthrough (identity serialisers, one long-lived
-channel), so what it adds is the stack's floor. Backend, proxy and client are
+channel), so what it adds is the stack's floor. Every hop accepts the
+keepalive pings of servicekit's clients (transport only), so
+bench/gateway_overhead.py's client channels are not sent away mid-run. Backend, proxy and client are
 separate processes; every hop is mTLS with client certificates, as ours are.
 The backend echoes a 200-byte message, about a top-1 search response.
 
