@@ -246,7 +246,9 @@ class ChatTurns:
         if history_error is not None:
             if isinstance(history_error, (NotFound, InvalidArgument, FailedPrecondition)):
                 raise history_error
-            cause = getattr(history_error, "internal", "") or str(history_error or "timed out")
+            # A TimeoutError's text is empty: say which budget ran out, for the operator reading the log.
+            cause = getattr(history_error, "internal", "") or str(history_error) or \
+                f"no answer from Postgres within AGW_GATEWAY_HISTORY_BUDGET_S={self.settings.history_budget_s:g}"
             raise Unavailable("session history unavailable; the turn was not run, retry shortly",
                               internal=f"history: {cause}")
         turn.history, trimmed = history

@@ -1,14 +1,18 @@
 """The Chat turn's rules, without an engine: the scripted inference service records the prompts the gateway lays out.
 
 Fast (seconds): the early call with the history sent ahead, the history window
-moving in steps, persist-before-final, and the fallback to Generate for an
-inference service without OpenGenerate. Degrading and idempotency are in
+moving in steps, persist-before-final, the fallback to Generate for an
+inference service without OpenGenerate, and a history past its budget failing
+the turn. Degrading and idempotency are in
 test_public_edge.py and test_idempotency.py; the same paths on real vLLM in
 tests/e2e/test_chat.py.
 """
 
 from __future__ import annotations
 
+import logging
+
+import grpc
 import pytest
 
 from agent.gateway.v1 import gateway_pb2 as pb
@@ -88,3 +92,23 @@ async def test_turns_fall_back_to_generate_where_the_inference_service_lacks_ope
                 assert not events[-1].final.degraded
         assert not app.servicer.backends.inference_opens_early  # it stopped trying after the first refusal
         assert scripted.servicer.generations == 2 and "OpenGenerate" not in scripted.servicer.calls
+
+
+async def test_a_history_past_its_budget_fails_the_turn_before_any_token_and_the_log_names_the_budget(
+        tmp_path, pki, database_url, caplog):
+    # A budget no Postgres round trip meets: the turn must not run without its session's past.
+    caplog.set_level(logging.WARNING, logger="servicekit.interceptors")
+    async with scripted_app(pki.root) as (inference, scripted), \
+            retrieval_server(tmp_path / "retrieval", pki.root) as (retrieval, _), \
+            gateway_server(pki.root, inference.port, retrieval.port, database_url=database_url,
+                           history_budget_s=1e-6) as (gateway, _):
+        async with gateway_stub(gateway.port, pki.root) as stub:
+            session = (await stub.CreateSession(pb.CreateSessionRequest(), timeout=10)).session.id
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await _turn(stub, session_id=session, message="Hello?")
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert caught.value.details().startswith("session history unavailable; the turn was not run, retry shortly")
+    assert scripted.servicer.generations == 0
+    error_id = dict(caught.value.trailing_metadata())["x-error-id"]
+    logged = [r.getMessage() for r in caplog.records if error_id in r.getMessage()]
+    assert logged and "history: no answer from Postgres within AGW_GATEWAY_HISTORY_BUDGET_S=1e-06" in logged[0]
