@@ -268,7 +268,7 @@ class ChatTurns:
             # Only an outage or a timeout degrades the turn. The client learns what was missing,
             # not why inside (that is in the log and on the retrieval span).
             cause = DegradedCause.RETRIEVAL_TIMED_OUT if timed_out else DegradedCause.RETRIEVAL_UNAVAILABLE
-            log.warning("turn degraded, %s (%s)", cause.reason, retrieval_error or "budget spent")
+            log.warning("turn degraded, %s (%s)", cause.reason, str(retrieval_error) or "budget spent")
             turn.degraded.append(cause)
         else:
             turn.documents = documents
