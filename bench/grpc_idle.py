@@ -8,7 +8,12 @@ process's CPU time per sample, after each gap, and the same for a plain
 Python loop of similar size as the control (does the machine alone slow down
 after a pause?).
 
-    python bench/grpc_idle.py [--loop uvloop|asyncio] [--samples 7] [--json bench/out/grpc_idle.json]
+With ``--tick-ms N`` the gRPC rows are measured twice: as above, and with a
+keep-warm tick (one health Check every N ms) through each gap, to ask whether
+a pause costs what it does because the path goes cold, and what keeping it
+warm costs (the tick's CPU per second of idleness is reported).
+
+    python bench/grpc_idle.py [--loop uvloop|asyncio] [--samples 7] [--tick-ms 100] [--json bench/out/grpc_idle.json]
 """
 
 from __future__ import annotations
@@ -36,7 +41,26 @@ def _timed(work) -> tuple[float, float]:
     return (time.perf_counter() - wall) * 1000, (time.process_time() - cpu) * 1000
 
 
-async def _grpc_rows(samples: int) -> dict[float, list[tuple[float, float]]]:
+async def _pause(gap: float, tick_s: float | None, stub) -> None:
+    """Sleep ``gap`` seconds; with a tick, one health Check every ``tick_s`` of it."""
+    if not tick_s:
+        await asyncio.sleep(gap)
+        return
+    end = time.perf_counter() + gap
+    while (left := end - time.perf_counter()) > 0:
+        await asyncio.sleep(min(tick_s, left))
+        if end - time.perf_counter() > 0:
+            await stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
+
+
+async def _idle_cpu_ms_per_s(tick_s: float | None, stub, seconds: float = 3.0) -> float:
+    """This process's CPU per second of idleness, with or without the tick."""
+    cpu = time.process_time()
+    await _pause(seconds, tick_s, stub)
+    return (time.process_time() - cpu) * 1000 / seconds
+
+
+async def _grpc_rows(samples: int, tick_s: float | None = None) -> dict[float, list[tuple[float, float]]]:
     server = grpc.aio.server()
     health_pb2_grpc.add_HealthServicer_to_server(health_aio.HealthServicer(), server)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -57,8 +81,9 @@ async def _grpc_rows(samples: int) -> dict[float, list[tuple[float, float]]]:
             for gap in GAPS:
                 rows[gap] = []
                 for _ in range(samples):
-                    await asyncio.sleep(gap)
+                    await _pause(gap, tick_s, stub)
                     rows[gap].append(await sample())
+            rows["idle CPU ms/s"] = await _idle_cpu_ms_per_s(tick_s, stub)
             return rows
     finally:
         await server.stop(None)
@@ -84,25 +109,33 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     parser.add_argument("--samples", type=int, default=7, help="samples per gap")
+    parser.add_argument("--tick-ms", type=float, help="also measure with a keep-warm health Check every N ms")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    run = asyncio.run
     if args.loop == "uvloop":
         import uvloop
 
-        grpc_rows = uvloop.run(_grpc_rows(args.samples))
-    else:
-        grpc_rows = asyncio.run(_grpc_rows(args.samples))
-    control_rows = _control_rows(args.samples)
+        run = uvloop.run
+    cases = [(f"20 gRPC round trips ({args.loop})", run(_grpc_rows(args.samples)))]
+    if args.tick_ms:
+        cases.append((f"the same, a Check every {args.tick_ms:g} ms while idle",
+                      run(_grpc_rows(args.samples, args.tick_ms / 1000))))
+    cases.append(("plain Python loop", _control_rows(args.samples)))
 
     table, stats = [], {}
-    for name, rows in ((f"20 gRPC round trips ({args.loop})", grpc_rows), ("plain Python loop", control_rows)):
+    for name, rows in cases:
+        idle_cpu = rows.pop("idle CPU ms/s", None)
         base = statistics.median(wall for wall, _ in rows[GAPS[0]])
         for gap, samples in rows.items():
             wall = statistics.median(w for w, _ in samples)
             cpu = statistics.median(c for _, c in samples)
             stats.setdefault(name, {})[str(gap)] = {"wall_p50_ms": wall, "cpu_p50_ms": cpu}
-            table.append({"work": name, "idle s": gap, "wall p50 ms": wall, "x no gap": wall / base, "CPU p50 ms": cpu})
-    print_table("the same work after idleness", table, ["work", "idle s", "wall p50 ms", "x no gap", "CPU p50 ms"])
+            table.append({"work": name, "idle s": gap, "wall p50 ms": wall, "x no gap": wall / base, "CPU p50 ms": cpu,
+                          "idle CPU ms/s": idle_cpu if gap == GAPS[0] else None})
+        stats[name]["idle_cpu_ms_per_s"] = idle_cpu
+    print_table("the same work after idleness", table,
+                ["work", "idle s", "wall p50 ms", "x no gap", "CPU p50 ms", "idle CPU ms/s"])
     print(f"command: {command_line()}")
     write_json(args.json, {"stats": stats})
     return 0
