@@ -50,14 +50,10 @@ def _args(**overrides) -> Namespace:
     return Namespace(**{"concurrency": None, "think_time": 0.0, "collection": "docs", "timeout": 20.0, **overrides})
 
 
-def _gaps(times: list[float]) -> list[float]:
+def _offsets(times: list[float]) -> list[float]:
+    """Arrival times, in order, from the first."""
     ordered = sorted(times)
-    return [b - a for a, b in zip(ordered, ordered[1:])]
-
-
-def _quantiles(values: list[float]) -> tuple[float, float]:
-    deciles = statistics.quantiles(values, n=10)
-    return statistics.median(values), deciles[8]
+    return [t - ordered[0] for t in ordered]
 
 
 async def test_an_open_loop_run_replays_from_its_own_trace_with_the_same_gaps_and_shapes(stack, recorded_spans,
@@ -83,13 +79,20 @@ async def test_an_open_loop_run_replays_from_its_own_trace_with_the_same_gaps_an
     assert got == want, (got - want, want - got)
     assert len({t.session for t in replayed}) == len({t.session for t in turns})
 
+    # The replay's schedule is the recorded arrivals' gaps, exactly.
+    recorded = _offsets([s.start_time / 1e9 for s in chat_spans])
+    assert _offsets([t.at_s for t in replayed]) == pytest.approx(recorded, abs=1e-6)
+
+    recorded_spans.clear()
     again, again_elapsed = await run(stack, _args(), replayed, ["dev"])
     assert summarize(again, again_elapsed)["statuses"] == {"OK": len(replayed)}
-    recorded = _quantiles(_gaps([s.start_time / 1e9 for s in chat_spans]))
-    reproduced = _quantiles(_gaps([r.scheduled_s + r.send_lag_ms / 1000 for r in again]))
-    for name, want, got in zip(("p50", "p90"), recorded, reproduced):
-        assert abs(got - want) <= 0.15 * want, f"inter-arrival {name}: recorded {want * 1000:.1f} ms, replayed " \
-                                               f"{got * 1000:.1f} ms"
+    # And the runner kept it: turn by turn, each arrives at the gateway where its recorded one did, measured at the
+    # same point both times. The median, not the worst: the stack shares this event loop, and a CI run saw single
+    # sends move 50 ms under load. 5-12 ms on an idle machine; a replay that lost the schedule (sent at once, or
+    # scaled) is off by hundreds of ms, against gaps of 125 ms on average.
+    arrived = _offsets([s.start_time / 1e9 for s in recorded_spans.get_finished_spans() if s.name == CHAT_SPAN])
+    drift_ms = statistics.median(abs(a - b) * 1000 for a, b in zip(arrived, recorded, strict=True))
+    assert drift_ms <= 50, f"replayed turns arrived {drift_ms:.1f} ms (median) off their recorded times"
 
 
 async def test_slos_hold_or_fail_on_the_measured_figures():
