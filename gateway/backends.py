@@ -230,10 +230,11 @@ class StartedStream:
         self._errors = BackendErrors(pool, pooled)
 
     async def send_prefix(self, messages: list[inference_pb2.ChatMessage],
-                          tools: tuple[inference_pb2.Tool, ...] = ()) -> None:
-        """The first messages of the chat to come, on a call from :meth:`Backends.open_generate` (at most once, first)."""
+                          tools: tuple[inference_pb2.Tool, ...] = (), prefill_cache_salt: str | None = None) -> None:
+        """The first messages of the chat to come, on a call from :meth:`Backends.open_generate` (at most once,
+        first); with ``prefill_cache_salt`` (the request's cache salt), prefilled too while the engine has room."""
         await self._write(inference_pb2.OpenGenerateRequest(
-            prefix=inference_pb2.ChatMessages(messages=messages, tools=tools)))
+            prefix=inference_pb2.ChatMessages(messages=messages, tools=tools), prefill_cache_salt=prefill_cache_salt))
 
     async def send(self, request: inference_pb2.GenerateRequest) -> None:
         """The request of a call from :meth:`Backends.open_generate` (once, last)."""

@@ -43,7 +43,7 @@ from servicekit.telemetry import trace_id_hex
 from gateway.backends import Backends
 from gateway.database import Database
 from gateway.generation_call import GenerationCall
-from gateway.history import history_window
+from gateway.history import history_window, unprefilled_tokens
 from gateway.convert import tool_calls_to_json
 from gateway.routing import prefix_key, session_key
 from gateway.prompt import conversation, generate_request, history_messages, turn_messages, user_turn
@@ -134,15 +134,16 @@ class ChatTurns:
         self._releases: set[asyncio.Task] = set()
 
     async def _history(self, tenant: str, session_id: uuid.UUID | None,
-                       tool_results: tuple[ToolResult, ...]) -> tuple[list[inference_pb2.ChatMessage], bool]:
+                       tool_results: tuple[ToolResult, ...]) -> tuple[list[inference_pb2.ChatMessage], bool, int]:
+        """The history window's messages, whether the token budget trimmed it, and :func:`unprefilled_tokens`."""
         if session_id is None:
-            return [], False
+            return [], False, 0
         rows = await self.store.recent_messages(tenant, session_id, self.settings.history_messages)
         _check_tool_results(rows[0] if rows else None, tool_results)
         window = history_window(rows, max_messages=self.settings.history_messages,
                                 token_budget=self.settings.history_token_budget,
                                 step=self.settings.history_window_step)
-        return history_messages(window.messages), window.trimmed
+        return history_messages(window.messages), window.trimmed, unprefilled_tokens(rows)
 
     async def _retrieve(self, tenant: str, request: TurnRequest, context) -> list[retrieval_pb2.ScoredDocument]:
         ask = request.retrieval
@@ -217,6 +218,15 @@ class ChatTurns:
         salt = cache_salt_for(self.settings.prefix_cache, tenant)
         return lambda session_id: session_key(salt, session_id)
 
+    async def _send_prefix(self, turn: _Turn, call: GenerationCall, past: list[inference_pb2.ChatMessage],
+                           _trimmed: bool, unprefilled: int) -> None:
+        """The prompt's session part on the early call, for the inference service to tokenize while retrieval
+        still runs, and to prefill (inference/prefix_prefill.py) when enough of it is new to the engine's cache:
+        under the turn's cache salt, as the request will be."""
+        prefill = self.settings.prefill_prefix and unprefilled >= self.settings.prefill_min_tokens
+        salt = cache_salt_for(self.settings.prefix_cache, turn.tenant) if prefill else None
+        await call.send_prefix(conversation(turn.system_prompt, past), turn.request.tools, salt)
+
     async def _stages(self, turn: _Turn, session_id: uuid.UUID | None, call: GenerationCall, context) -> None:
         """History and retrieval at once, each within its budget, while the inference call opens."""
 
@@ -224,10 +234,8 @@ class ChatTurns:
             outcome = loaded, _error, _ms = await _timed(
                 "history", self._history(turn.tenant, session_id, turn.request.tool_results),
                 self.settings.history_budget_s)
-            past = loaded[0] if loaded else []
-            if past:
-                # The prompt's session part, for the inference service to tokenize while retrieval still runs.
-                await call.send_prefix(conversation(turn.system_prompt, past), turn.request.tools)
+            if loaded and loaded[0]:
+                await self._send_prefix(turn, call, *loaded)
             return outcome
 
         stages = asyncio.gather(
@@ -251,7 +259,7 @@ class ChatTurns:
                 f"no answer from Postgres within AGW_GATEWAY_HISTORY_BUDGET_S={self.settings.history_budget_s:g}"
             raise Unavailable("session history unavailable; the turn was not run, retry shortly",
                               internal=f"history: {cause}")
-        turn.history, trimmed = history
+        turn.history, trimmed, _ = history
         if retrieval_error is not None:
             timed_out = isinstance(retrieval_error, TimeoutError)
             code = getattr(retrieval_error, "code", None)

@@ -42,7 +42,7 @@ class GenerationCall:
         self._key = key
         self._opened: StartedStream | None = None
         #: What went out on the early call before its request, for a retry to resend.
-        self._prefix: tuple[list[inference_pb2.ChatMessage], tuple[inference_pb2.Tool, ...]] | None = None
+        self._prefix: tuple[list[inference_pb2.ChatMessage], tuple[inference_pb2.Tool, ...], str | None] | None = None
         self.route: Route | None = None
         self.span: trace.Span | None = None
 
@@ -53,13 +53,13 @@ class GenerationCall:
         self._opened = self._in_span(lambda: self._backends.open_generate(self._context, self.route))
 
     async def send_prefix(self, messages: list[inference_pb2.ChatMessage],
-                          tools: tuple[inference_pb2.Tool, ...] = ()) -> None:
-        """The prompt's first messages (and its tools), for the inference service to tokenize meanwhile
-        (early calls only)."""
+                          tools: tuple[inference_pb2.Tool, ...] = (), prefill_cache_salt: str | None = None) -> None:
+        """The prompt's first messages (and its tools), for the inference service to tokenize meanwhile, and
+        to prefill under ``prefill_cache_salt`` when set and its engine has room (early calls only)."""
         if self._opened is not None:
-            self._prefix = (messages, tools)
+            self._prefix = (messages, tools, prefill_cache_salt)
             with contextlib.suppress(ServiceError):  # the call ended: sending the request will say why
-                await self._opened.send_prefix(messages, tools)
+                await self._opened.send_prefix(messages, tools, prefill_cache_salt)
 
     def prompt_ready(self) -> trace.Span:
         """Mark the prompt built; the span (started now if the call was not opened early)."""

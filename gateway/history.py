@@ -77,3 +77,26 @@ def _reader(sample):
     if hasattr(sample, "keys"):
         return lambda message, name: message[name]
     return getattr
+
+
+def unprefilled_tokens(newest_first: Sequence) -> int:
+    """About how many tokens at the end of a session's history the engine's prefix cache lacks.
+
+    The previous turn's prompt carried everything before its user message as
+    it is now, so the engine has it cached; its user message went out with the
+    retrieved passages around it, and its answer was generated, not
+    prefilled. So: the newest assistant messages and the user message before
+    them (stored token estimates). A turn of tool results alone stops at the
+    tools, which its prompt carried as they are.
+    """
+    if not newest_first:
+        return 0
+    field, total = _reader(newest_first[0]), 0
+    for message in newest_first:
+        role = field(message, "role")
+        if role not in ("assistant", "user"):
+            break
+        total += field(message, "token_count")
+        if role == "user":
+            break
+    return total

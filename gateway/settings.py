@@ -178,6 +178,14 @@ class GatewaySettings(ServiceSettings):
         "system prompt and history on it once loaded (tokenized while retrieval runs), and the request when the prompt "
         "is ready: the call's setup and most tokenizing leave the first token's path. Off: a Generate call "
         "once the prompt is ready (also the fallback when the inference service lacks OpenGenerate).")
+    prefill_prefix: bool = Field(
+        True, description="With the early call: ask the inference service to prefill the system prompt and history "
+        "it sent ahead while retrieval runs (it does when its engine has room), so the request prefills only the "
+        "turn's own messages.")
+    prefill_min_tokens: int = Field(
+        64, ge=0, description="Ask for the prefill only when about this many tokens of the history are new to the "
+        "engine's cache (the previous turn's answer and question): below it, one more engine request costs more "
+        "than it saves (docs/benchmarks.md).")
     history_budget_s: float = Field(1.0, gt=0, description="Longest a turn waits for its history.")
     retrieval_budget_s: float = Field(0.5, gt=0, description="Longest a turn waits for context before going on without.")
     retrieval_top_k: int = Field(4, gt=0, description="Passages retrieved when a request names no top_k.")

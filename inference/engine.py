@@ -121,6 +121,8 @@ class Engine:
         # ids claimed by any call still running, admitted or not (uniqueness).
         self._in_flight: set[str] = set()
         self._claimed_ids: set[str] = set()
+        #: Prefix prefills running (:meth:`prefill`): they take batch places too.
+        self._prefilling = 0
         self.dead_reason: str | None = None
         config = llm.vllm_config
         self.info = ModelInfo(
@@ -297,6 +299,39 @@ class Engine:
             raise InvalidArgument("request", str(exc)) from exc
         finally:
             self._in_flight.discard(request_id)
+
+    async def prefill(self, prefix: EncodedPrefix, cache_salt: str) -> str:
+        """Compute ``prefix``'s KV blocks now, under ``cache_salt``, so that a request starting with it finds them
+        in the prefix cache. Returns why it ran or not: ``prefilled``; ``busy`` (a request waits, or
+        ``AGW_INFERENCE_PREFILL_MAX_RUNNING`` requests run, or the batch is full: a prefill would queue or slow
+        every running request's step, not use idle room); ``short`` (less than one block, or no prefix cache).
+
+        Cancel the task running it to stop it: the engine request is aborted, and blocks already computed stay
+        cached. Only whole blocks are sent: the engine caches nothing of a partial one.
+        """
+        from vllm import SamplingParams
+        from vllm.renderers.inputs.preprocess import parse_model_prompt
+        from vllm.sampling_params import RequestOutputKind
+
+        self._check_alive()
+        whole = len(prefix.token_ids) // self.info.block_size * self.info.block_size
+        if not whole or not self.info.prefix_caching:
+            return "short"
+        room = min(self.info.max_num_seqs, self._settings.prefill_max_running)
+        if self._tracker.waiting or len(self._in_flight) + self._prefilling >= room:
+            return "busy"
+        self._prefilling += 1  # counted from here: the checks above and this add run without an await between
+        try:
+            (engine_input,) = await self._llm.renderer.render_cmpl_async(
+                [parse_model_prompt(self._llm.model_config, _engine_prompt(list(prefix.token_ids[:whole]), cache_salt))]
+            )
+            params = SamplingParams(max_tokens=1, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
+            async with aclosing(self._llm.generate(engine_input, params, f"prefill-{uuid.uuid4().hex}")) as outputs:
+                async for _ in outputs:
+                    pass
+        finally:
+            self._prefilling -= 1
+        return "prefilled"
 
     async def abort(self, request_id: str) -> None:
         """Abort a request (idempotent; unknown ids are ignored)."""

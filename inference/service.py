@@ -19,6 +19,7 @@ from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from servicekit.errors import InvalidArgument, Unavailable
 from servicekit.metrics import counter, gauge, meter
 from servicekit.server import Health
+from servicekit.tasks import cancel_and_wait
 
 from inference.convert import (
     delta_to_proto,
@@ -32,6 +33,7 @@ from inference.convert import (
     tools_from_proto,
 )
 from inference.engine import Engine, open_engine
+from inference.prefix_prefill import OUTCOMES, PrefixPrefills
 from inference.prompt_encoding import EncodedPrefix
 from inference.requests import Delta, PromptInput, Result, Sampling, resolve_sampling
 from inference.settings import MAX_LOAD_WATCH_INTERVAL_MS, InferenceSettings
@@ -45,9 +47,11 @@ INFERENCE_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["Inference"]
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     """Serves one engine; the app attaches it once warm."""
 
-    def __init__(self, trace_content: bool = False, *, replica_name: str = "", load_watch_interval_ms: int = 100) -> None:
+    def __init__(self, trace_content: bool = False, *, replica_name: str = "", load_watch_interval_ms: int = 100,
+                 prefill_prefixes: bool = True) -> None:
         self.engine: Engine | None = None
         self.trace_content = trace_content
+        self.prefills = PrefixPrefills(prefill_prefixes)
         self.replica_name = replica_name
         self.load_watch_interval_ms = load_watch_interval_ms
         # Abort tasks started from done-callbacks, kept so they are not
@@ -103,6 +107,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         """Generate, on a call opened before its prompt was ready: maybe a prefix, then the request."""
         engine = self._engine()
         prefix: asyncio.Task | None = None
+        prefill: asyncio.Task | None = None
         try:
             while True:
                 message = await context.read()  # the server reads up to the request, no more
@@ -120,7 +125,12 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                 # Tokenized while the caller builds the rest of its prompt.
                 prefix = asyncio.ensure_future(engine.encode_prefix(messages_from_proto(message.prefix),
                                                                     tools_from_proto(message.prefix)))
+                if message.HasField("prefill_cache_salt"):  # and prefilled, when the engine has room
+                    prefill = self.prefills.start(engine, prefix, message.prefill_cache_salt)
             trace.get_current_span().add_event("agw.request_received")
+            if prefill is not None:
+                outcome = await self.prefills.finish(prefill)
+                trace.get_current_span().add_event("agw.prefix_prefill", {"agw.prefix_prefill.outcome": outcome})
             encoded = None
             if prefix is not None:
                 try:
@@ -131,6 +141,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                 async for response in messages:
                     yield response
         finally:
+            if prefill is not None and not prefill.done():
+                await cancel_and_wait(prefill)
             if prefix is not None and not prefix.done():
                 prefix.cancel()
 
@@ -214,9 +226,13 @@ def _record_result(span, result: Result, output: list[str] | None) -> None:
         span.set_attribute("gen_ai.output.messages", json.dumps([{"role": "assistant", "content": "".join(output)}]))
 
 
-def _observe(engine: Engine) -> None:
-    """Gauges read at each scrape: the engine's queue and KV cache."""
+def _observe(engine: Engine, prefills: PrefixPrefills) -> None:
+    """Gauges read at each scrape: the engine's queue and KV cache; and the prefix prefills' outcomes."""
     inference_meter = meter("inference")
+    counter(inference_meter, "agw.inference.prefix_prefills",
+            lambda: [(prefills.outcomes[outcome], {"outcome": outcome}) for outcome in OUTCOMES],
+            description="OpenGenerate prefixes prefilled before their request arrived, or why not (stopped: the "
+                        "request came first; busy: a request waited in the engine).")
 
     def requests():
         load = engine.load()
@@ -241,7 +257,8 @@ class InferenceApp:
     def __init__(self, settings: InferenceSettings) -> None:
         self.settings = settings
         self.servicer = InferenceServicer(trace_content=settings.trace_content, replica_name=settings.replica_name,
-                                           load_watch_interval_ms=settings.load_watch_interval_ms)
+                                           load_watch_interval_ms=settings.load_watch_interval_ms,
+                                           prefill_prefixes=settings.prefill_prefixes)
 
     def register(self, server) -> None:
         inference_pb2_grpc.add_InferenceServicer_to_server(self.servicer, server)
@@ -252,7 +269,7 @@ class InferenceApp:
             await health.set_serving(False)
 
         async with open_engine(self.settings, on_death=on_death) as engine:
-            _observe(engine)
+            _observe(engine, self.servicer.prefills)
             self.servicer.engine = engine
             try:
                 yield

@@ -47,6 +47,13 @@ class InferenceSettings(ServiceSettings):
     enforce_eager: bool | None = Field(
         None, description="Skip graph capture/compilation; default true on CPU, where it only slows start-up."
     )
+    prefill_prefixes: bool = Field(
+        True, description="Prefill an OpenGenerate prefix whose caller asks (prefill_cache_salt) while the engine has "
+        "room, so the request finds it in the prefix cache.")
+    prefill_max_running: int = Field(
+        8, gt=0, description="Prefill prefixes only while fewer requests than this run (and none waits): in a busy "
+        "engine a prefill slows every running request's step and is often stopped before it finishes "
+        "(docs/benchmarks.md).")
     max_waiting: int = Field(64, ge=0, description="Requests queued beyond max_num_seqs before RESOURCE_EXHAUSTED.")
     default_max_tokens: int = Field(256, gt=0, description="max_tokens when a request sets none.")
     tokenizer_threads: int = Field(2, gt=0, description="Threads for tokenizing and chat templating off the loop.")

@@ -154,6 +154,101 @@ async def test_open_generate_with_a_prefix_the_request_does_not_start_with_token
     assert [s.attributes["agw.prompt_tokens_tokenized_ahead"] for s in spans if s.name == "tokenize"] == [0]
 
 
+def _conversation(run: str) -> list[pb.ChatMessage]:
+    """A session's history as the gateway sends it ahead: new to the cache (``run``), over 256 tokens."""
+    return [pb.ChatMessage(role=pb.ROLE_SYSTEM, content=f"Run {run}. " + PASSAGE * 12),
+            pb.ChatMessage(role=pb.ROLE_USER, content="What is a tuple?"),
+            pb.ChatMessage(role=pb.ROLE_ASSISTANT, content="An immutable sequence.")]
+
+
+async def _open_generate(stub, otlp, past, request: pb.GenerateRequest, prefill_cache_salt: str | None,
+                         wait_s: float = 0.0) -> tuple[list[pb.GenerateResponse], str | None]:
+    """An OpenGenerate call: the prefix (asking for a prefill under ``prefill_cache_salt`` when set), ``wait_s``
+    seconds, then the request. Returns its messages and the prefill's outcome from the call's span."""
+    call = stub.OpenGenerate(timeout=60)
+    await call.write(pb.OpenGenerateRequest(prefix=pb.ChatMessages(messages=past),
+                                            prefill_cache_salt=prefill_cache_salt))
+    await asyncio.sleep(wait_s)
+    await call.write(pb.OpenGenerateRequest(request=request))
+    messages = [message async for message in call]
+    return messages, await _prefill_outcome(otlp, call)
+
+
+async def _prefill_outcome(otlp, call) -> str | None:
+    """The prefill's outcome on a finished OpenGenerate call's span (None: no prefill was asked)."""
+    trace_id = dict(await call.trailing_metadata())["x-trace-id"]
+    spans = otlp.wait_for(trace_id, lambda spans: any("agw.request_received" in s.events for s in spans))
+    outcomes = [s.event_attributes["agw.prefix_prefill"]["agw.prefix_prefill.outcome"]
+                for s in spans if "agw.prefix_prefill" in s.events]
+    assert len(outcomes) <= 1, outcomes
+    return outcomes[0] if outcomes else None
+
+
+def _question(past, salt: str, text: str = "And a list?") -> pb.GenerateRequest:
+    return pb.GenerateRequest(chat=pb.ChatMessages(messages=[*past, pb.ChatMessage(role=pb.ROLE_USER, content=text)]),
+                              cache_salt=salt, sampling=pb.SamplingParams(max_tokens=2, temperature=0))
+
+
+async def test_open_generate_prefills_its_prefix_so_the_request_finds_it_in_the_cache(stub, otlp, probe):
+    await _wait_idle(probe, within_s=15)  # the engine has room: the prefill runs
+    run = uuid.uuid4().hex
+    past, salt = _conversation(run), f"tenant-{run}"
+    # The request 3 s after its prefix (retrieval's time in a Chat turn): the prefix is in the cache by then.
+    done, outcome = await _open_generate(stub, otlp, past, _question(past, salt), salt, wait_s=3)
+    assert outcome == "prefilled"
+    usage = done[-1].result.usage
+    assert usage.cached_prompt_tokens >= 256, usage  # the whole blocks of the prefix: system prompt and history
+    # Prefilled under another salt (another tenant's), a prefix serves nothing of this one's request.
+    past = _conversation(uuid.uuid4().hex)
+    done, outcome = await _open_generate(stub, otlp, past, _question(past, salt), f"other-{run}", wait_s=3)
+    assert outcome == "prefilled" and done[-1].result.usage.cached_prompt_tokens == 0, done[-1].result.usage
+    # Not asked: only tokenized.
+    past = _conversation(uuid.uuid4().hex)
+    done, outcome = await _open_generate(stub, otlp, past, _question(past, salt), None, wait_s=1)
+    assert outcome is None and done[-1].result.usage.cached_prompt_tokens == 0, done[-1].result.usage
+
+
+async def test_a_request_right_behind_its_prefix_stops_the_prefill_and_is_answered_as_generate(stub, otlp, probe):
+    await _wait_idle(probe, within_s=15)
+    run = uuid.uuid4().hex
+    past = _conversation(run)
+    request = _question(past, f"tenant-{run}", "And a generator?")
+    request.sampling.max_tokens = 6
+    opened, outcome = await _open_generate(stub, otlp, past, request, f"tenant-{run}")
+    assert outcome == "stopped"  # the prefix was still being tokenized or prefilled
+    direct = await _generate(stub, request)
+    # The same prompt, greedy: the same completion.
+    assert [t for m in opened for t in m.token_ids] == [t for m in direct for t in m.token_ids]
+    assert opened[-1].result.usage.prompt_tokens == direct[-1].result.usage.prompt_tokens
+
+
+@STALL
+async def test_a_prefix_is_not_prefilled_while_requests_wait_in_the_engine(stub, otlp, probe):
+    # The test engine runs 4 sequences: a fifth waits, and a prefill would only queue behind it.
+    await _wait_idle(probe, within_s=15)
+    long = pb.GenerateRequest(prompt="Keep going.", sampling=pb.SamplingParams(max_tokens=LONG, ignore_eos=True))
+    calls = [probe.Generate(long, timeout=60) for _ in range(5)]
+    try:
+        deadline = time.monotonic() + 5
+        while (await probe.GetLoad(pb.GetLoadRequest(), timeout=2)).waiting_requests < 1:
+            assert time.monotonic() < deadline, "never saw a request waiting"
+            await asyncio.sleep(0.01)
+        run = uuid.uuid4().hex
+        past = _conversation(run)
+        request = _question(past, f"tenant-{run}")
+        call = stub.OpenGenerate(timeout=60)
+        await call.write(pb.OpenGenerateRequest(prefix=pb.ChatMessages(messages=past),
+                                                prefill_cache_salt=f"tenant-{run}"))
+        await asyncio.sleep(1)
+        await call.write(pb.OpenGenerateRequest(request=request))
+    finally:
+        for busy in calls:
+            busy.cancel()
+    done = [message async for message in call]
+    assert await _prefill_outcome(otlp, call) == "busy"
+    assert done[-1].result.usage.cached_prompt_tokens == 0
+
+
 @pytest.mark.parametrize("messages, field, needle", [
     ([], "request", "ended before its GenerateRequest; send exactly one"),
     ([pb.OpenGenerateRequest()], "part", "is empty"),

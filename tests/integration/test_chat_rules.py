@@ -33,7 +33,7 @@ async def rules(tmp_path_factory, pki, database_url):
     async with retrieval_server(tmp_path_factory.mktemp("rules-retrieval"), pki.root) as (retrieval, _), \
             scripted_app(pki.root) as (inference, scripted), \
             gateway_server(pki.root, inference.port, retrieval.port, database_url=database_url,
-                           history_messages=4, history_window_step=4) as (gateway, _):
+                           history_messages=4, history_window_step=4, prefill_min_tokens=20) as (gateway, _):
         async with gateway_stub(gateway.port, pki.root) as stub, \
                 gateway_stub(gateway.port, pki.root) as reader:
             yield stub, reader, scripted.servicer
@@ -52,6 +52,17 @@ async def test_the_early_call_carries_the_history_ahead_of_the_request(rules):
         (inference_pb2.ROLE_ASSISTANT, "t0 ")]
     assert list(request.chat.messages)[:3] == list(prefix.messages)  # the request starts with what came ahead
     assert request.chat.messages[-1].content == "tokens=1 second"
+    # The first turn's question and answer are a few tokens: below prefill_min_tokens, no prefill is asked.
+    assert scripted.prefill_salts[-1] is None
+
+
+async def test_the_early_call_asks_for_a_prefill_when_enough_of_the_history_is_new_to_the_cache(rules):
+    stub, _, scripted = rules
+    session = (await stub.CreateSession(pb.CreateSessionRequest(), timeout=10)).session.id
+    await _turn(stub, session_id=session, message="tokens=1 " + "a long tool output " * 5)  # about 25 tokens
+    await _turn(stub, session_id=session, message="tokens=1 next")
+    # Prefilled under the request's own salt (the tenant's), or the engine's cache would keep it apart.
+    assert scripted.prefill_salts[-1] == scripted.requests[-1].cache_salt != ""
 
 
 async def test_the_history_window_moves_in_steps(rules):

@@ -65,6 +65,7 @@ async def test_a_turn_refused_before_its_first_token_is_retried_once_on_the_next
         # The retry opened a new early call and sent the prefix again: system prompt and the first turn.
         resent = serving.prefixes[-1]
         assert resent is not None and resent == failing.prefixes[-1]  # the same prefix, sent again
+        assert serving.prefill_salts[-1] == failing.prefill_salts[-1]  # asking for a prefill, or not, alike
         assert [m.role for m in resent.messages] == [inference_pb2.ROLE_SYSTEM, inference_pb2.ROLE_USER,
                                                      inference_pb2.ROLE_ASSISTANT]
         assert resent.messages[1].content == "tokens=2"

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from concurrent import futures
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
@@ -32,13 +32,15 @@ class ReceivedSpan:
     end_ns: int
     attributes: dict
     events: tuple[str, ...]
+    #: Each event's attributes, by the event's name (the last of a name that repeats).
+    event_attributes: dict = field(default_factory=dict)
 
 
 def _value(any_value):
-    field = any_value.WhichOneof("value")
-    if field == "array_value":
+    kind = any_value.WhichOneof("value")
+    if kind == "array_value":
         return [_value(v) for v in any_value.array_value.values]
-    return getattr(any_value, field) if field else None
+    return getattr(any_value, kind) if kind else None
 
 
 class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
@@ -64,6 +66,7 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
                         end_ns=span.end_time_unix_nano,
                         attributes={a.key: _value(a.value) for a in span.attributes},
                         events=tuple(e.name for e in span.events),
+                        event_attributes={e.name: {a.key: _value(a.value) for a in e.attributes} for e in span.events},
                     ))
         with self.lock:
             self.spans.extend(received)

@@ -82,6 +82,8 @@ class ScriptedInference(inference_pb2_grpc.InferenceServicer):
         self.requests: list[inference_pb2.GenerateRequest] = []
         #: The chat prefix each OpenGenerate call received ahead of its request (None: none sent).
         self.prefixes: list[inference_pb2.ChatMessages | None] = []
+        #: The cache salt each of those prefixes asked to be prefilled under (None: not asked).
+        self.prefill_salts: list[str | None] = []
         #: Calls by method name, counted as they arrive.
         self.calls: dict[str, int] = {}
         #: Messages each script's stream has handed to gRPC so far (how far a stream got).
@@ -91,16 +93,18 @@ class ScriptedInference(inference_pb2_grpc.InferenceServicer):
         if not self.open_generate:
             raise NotImplementedError  # what the generated servicer does for a method a server lacks
         self.calls["OpenGenerate"] = self.calls.get("OpenGenerate", 0) + 1
-        prefix = None
+        prefix = prefill_salt = None
         while True:
             message = await context.read()
             if message is grpc.aio.EOF:
                 raise InvalidArgument("request", "the call ended before its request")
             if message.HasField("prefix"):
                 prefix = message.prefix
+                prefill_salt = message.prefill_cache_salt if message.HasField("prefill_cache_salt") else None
                 continue
             break
         self.prefixes.append(prefix)
+        self.prefill_salts.append(prefill_salt)
         async for response in self.Generate(message.request, context):
             yield response
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent.gateway.v1 import gateway_pb2 as pb
-from gateway.history import history_window
+from gateway.history import history_window, unprefilled_tokens
 
 pytestmark = pytest.mark.unit
 
@@ -68,3 +68,19 @@ def test_listed_messages_give_the_same_window_as_rows():
     from_rows, from_listed = window(rows, token_budget=200), window(listed, token_budget=200)
     assert from_rows.start == from_listed.start and from_rows.trimmed == from_listed.trimmed
     assert [m.ordinal for m in from_listed.messages] == [m["ordinal"] for m in from_rows.messages]
+
+
+def _row(role: str, tokens: int) -> dict:
+    return {"role": role, "token_count": tokens}
+
+
+@pytest.mark.parametrize("newest_first, expected", [
+    ([], 0),
+    # The previous turn's answer and its question: what its prompt did not carry as they are now.
+    ([_row("assistant", 128), _row("user", 20), _row("assistant", 50), _row("user", 9)], 148),
+    # A turn of tool results alone: its prompt carried the results; only the answer is new.
+    ([_row("assistant", 40), _row("tool", 300), _row("assistant", 12), _row("user", 9)], 40),
+    ([_row("user", 7)], 7),
+], ids=["empty", "question-and-answer", "tool-results", "unanswered"])
+def test_unprefilled_tokens_are_the_previous_turns_answer_and_question(newest_first, expected):
+    assert unprefilled_tokens(newest_first) == expected

@@ -197,12 +197,14 @@ class GenerationResult(_message.Message):
     def __init__(self, finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[GenerationTimings, _Mapping]] = ..., request_id: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., structured_output_backend: _Optional[str] = ..., constraint_cache_hit: _Optional[bool] = ...) -> None: ...
 
 class OpenGenerateRequest(_message.Message):
-    __slots__ = ("prefix", "request")
+    __slots__ = ("prefix", "request", "prefill_cache_salt")
     PREFIX_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     prefix: ChatMessages
     request: GenerateRequest
-    def __init__(self, prefix: _Optional[_Union[ChatMessages, _Mapping]] = ..., request: _Optional[_Union[GenerateRequest, _Mapping]] = ...) -> None: ...
+    prefill_cache_salt: str
+    def __init__(self, prefix: _Optional[_Union[ChatMessages, _Mapping]] = ..., request: _Optional[_Union[GenerateRequest, _Mapping]] = ..., prefill_cache_salt: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("text", "token_ids", "result")
