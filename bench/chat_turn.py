@@ -3,7 +3,7 @@
 
 Starts the stack (inference, retrieval on Qdrant Edge, the gateway with
 Postgres), ingests a sample corpus, then runs Chat turns (session history plus
-retrieval plus 16 generated tokens) and, interleaved, the very prompt the
+retrieval plus `--max-tokens` generated, 16 by default) and, interleaved, the very prompt the
 gateway builds for that turn (same history, same retrieved context) sent
 straight to the inference service, in a prefix-cache partition of its own (a
 cache salt) so that neither path reuses the other's prompt: each finds cached
@@ -16,13 +16,15 @@ shedding load), which are left out of the latency figures. Levels 1, 8, 32
 and 64 by default; the gateway runs with its default admission bounds
 (AGW_GATEWAY_MAX_IN_FLIGHT 64 per worker, half of it per tenant).
 
-``--side-by-side`` adds a second gateway with AGW_GATEWAY_OPEN_GENERATE_EARLY
-off (a plain Generate call once the prompt is ready), called as another
+``--side-by-side early`` adds a second gateway with
+AGW_GATEWAY_OPEN_GENERATE_EARLY off (a plain Generate call once the prompt is
+ready); ``--side-by-side prefill``, one with AGW_GATEWAY_PREFILL_PREFIX off
+(the history sent ahead is tokenized, not prefilled). It is called as another
 tenant so its prompts have their own prefix-cache partition; each turn then
 runs on all three paths, in rotating order, and the report compares the two
 gateways on the same turns.
 
-    python bench/chat_turn.py [--turns 50] [--window-step 16] [--side-by-side] [--json bench/out/chat.json]
+    python bench/chat_turn.py [--turns 50] [--max-tokens 16] [--window-step 16] [--side-by-side early|prefill] [--json bench/out/chat.json]
 """
 
 from __future__ import annotations
@@ -52,7 +54,9 @@ from servicekit import ChannelSpec, ClientTls, load_settings, open_channel, wait
 SYSTEM = "You are a helpful assistant. Answer from the context when it is relevant."
 QUESTIONS = ["How does the for statement work?", "What does with do?", "Explain try and except.",
              "How are classes defined?", "What is a lambda?", "How do imports work?"]
-SAMPLING = inference_pb2.SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+def sampling(max_tokens: int, temperature: float) -> inference_pb2.SamplingParams:
+    """Exactly ``max_tokens`` generated (an answer of known length on every path), seeded."""
+    return inference_pb2.SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=7, ignore_eos=True)
 DIRECT_CACHE_SALT = "bench-direct"
 
 
@@ -60,18 +64,20 @@ def _documents() -> list[retrieval_pb2.Document]:
     return [passage_to_proto(passage) for passage in sample_corpus(max_per_topic=2)[:120]]
 
 
-async def gateway_turn(stub, session: str, question: str) -> dict:
+async def gateway_turn(stub, session: str, question: str, generation: inference_pb2.SamplingParams) -> dict:
     started = time.perf_counter()
     first = None
     final = None
     async for event in stub.Chat(pb.ChatRequest(
-            session_id=session, message=question, system_prompt=SYSTEM, generation=SAMPLING,
+            session_id=session, message=question, system_prompt=SYSTEM, generation=generation,
             retrieval=pb.RetrievalOptions(collection="docs", top_k=3)), timeout=60):
         kind = event.WhichOneof("event")
         if kind == "delta" and first is None:
             first = (time.perf_counter() - started) * 1000
         elif kind == "final":
             final = event.final
+    if first is None:
+        raise RuntimeError(f"a turn without a token: {final}")
     return {"ttft": first, "total": (time.perf_counter() - started) * 1000,
             # What the gateway's own clock misses: the call's way in (before the
             # handler runs) and the first token's way out.
@@ -81,16 +87,18 @@ async def gateway_turn(stub, session: str, question: str) -> dict:
             "cached": final.usage.cached_prompt_tokens, "prompt": final.usage.prompt_tokens}
 
 
-async def direct_turn(stub, messages: list[inference_pb2.ChatMessage]) -> dict:
+async def direct_turn(stub, messages: list[inference_pb2.ChatMessage], generation: inference_pb2.SamplingParams) -> dict:
     started = time.perf_counter()
     first = result = None
     async for message in stub.Generate(inference_pb2.GenerateRequest(
-            chat=inference_pb2.ChatMessages(messages=messages), sampling=SAMPLING, cache_salt=DIRECT_CACHE_SALT),
+            chat=inference_pb2.ChatMessages(messages=messages), sampling=generation, cache_salt=DIRECT_CACHE_SALT),
             timeout=60):
         if first is None and message.text:  # as Chat counts it: the first visible text
             first = (time.perf_counter() - started) * 1000
         if message.HasField("result"):
             result = message.result
+    if first is None:
+        raise RuntimeError(f"a turn without a token: {result}")
     return {"ttft": first, "total": (time.perf_counter() - started) * 1000,
             "engine_ttft": result.timings.first_token_ms,
             "cached": result.usage.cached_prompt_tokens, "prompt": result.usage.prompt_tokens}
@@ -98,9 +106,13 @@ async def direct_turn(stub, messages: list[inference_pb2.ChatMessage]) -> dict:
 
 #: The second gateway's tenant (--side-by-side): its own collections and prefix-cache partition.
 OFF_TENANT = "bench-off"
+#: --side-by-side: what the second gateway turns off (its label, its settings).
+SIDE_BY_SIDE = {"early": ("early call off", {"AGW_GATEWAY_OPEN_GENERATE_EARLY": "false"}),
+                "prefill": ("prefix prefill off", {"AGW_GATEWAY_PREFILL_PREFIX": "false"})}
 
 
-async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], window: GatewaySettings) -> dict:
+async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], window: GatewaySettings,
+              generation: inference_pb2.SamplingParams) -> dict:
     def channel(port, identity):
         return open_channel(ChannelSpec(target=f"127.0.0.1:{port}", tls=ClientTls.for_identity(tls, identity)))
 
@@ -124,8 +136,8 @@ async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], w
             sessions = {path: [(await stub.CreateSession(pb.CreateSessionRequest(), timeout=5)).session.id
                                for _ in range(concurrency)] for path, stub in stubs.items()}
             rows = {path: [] for path in (*stubs, "direct")}
-            rows |= {f"{kind}{suffix}": [] for kind in ("share", "engine", "outside_engine", "refused") for suffix in
-                     ("", "_off")}
+            rows |= {f"{kind}{suffix}": [] for kind in ("share", "engine", "outside_engine", "refused", "failed")
+                     for suffix in ("", "_off")}
             per_worker = max(1, turns // concurrency)
 
             async def same_prompt(session: str, question: str) -> list[inference_pb2.ChatMessage]:
@@ -166,19 +178,21 @@ async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], w
                     # turns at going first, rotating every len(QUESTIONS)
                     # turns, so that what runs just before (another path's
                     # generation) weighs on all alike.
-                    calls = {path: (lambda path=path: gateway_turn(stubs[path], sessions[path][index], question))
+                    calls = {path: (lambda path=path: gateway_turn(stubs[path], sessions[path][index], question, generation))
                              for path in stubs}
-                    calls["direct"] = lambda: direct_turn(inference, prompt)
+                    calls["direct"] = lambda: direct_turn(inference, prompt, generation)
                     order = list(calls)
                     shift = (turn // len(QUESTIONS)) % len(order)
                     measured = {}
                     for path in order[shift:] + order[:shift]:
                         try:
                             measured[path] = await calls[path]()
-                        except grpc.aio.AioRpcError as error:  # admission shed the turn: counted, not timed
-                            if error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or path == "direct":
+                        except grpc.aio.AioRpcError as error:  # counted, not timed; the run goes on
+                            if path == "direct":
                                 raise
-                            rows["refused" + ("_off" if path == "gateway_off" else "")].append(1)
+                            # RESOURCE_EXHAUSTED: admission shed the turn; anything else failed it (reported).
+                            kind = "refused" if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else "failed"
+                            rows[kind + ("_off" if path == "gateway_off" else "")].append(error.code().name)
                     direct = measured["direct"]
                     for path, suffix in (("gateway", ""), ("gateway_off", "_off")):
                         if path not in measured:
@@ -216,6 +230,7 @@ def _gateway_stats(rows: dict, path: str, suffix: str) -> dict:
             "engine_ttft_p50": {"gateway": statistics.median(r["engine_ttft"] for r in g),
                                 "direct": statistics.median(r["engine_ttft"] for r in d)},
             "edge": summary([r["edge"] for r in g]), "refused": len(rows["refused" + suffix]),
+            "failed": sorted(rows["failed" + suffix]),
             "uncached_tokens_p50": {"gateway": statistics.median(r["prompt"] - r["cached"] for r in g),
                                     "direct": statistics.median(r["prompt"] - r["cached"] for r in d)}}
 
@@ -229,7 +244,7 @@ def _report(concurrency: int, label: str, s: dict) -> None:
           f"gateway {s['uncached_tokens_p50']['gateway']:.0f}, direct {s['uncached_tokens_p50']['direct']:.0f}")
     print(f"     paired share p99 {paired['p99']:+.2f} ms; gateway TTFT p99 {s['gateway_ttft']['p99']:.2f} ms vs "
           f"direct {s['direct_ttft']['p99']:.2f} ms ({s['gateway_ttft']['p99'] / s['direct_ttft']['p99']:.2f}x); "
-          f"refused RESOURCE_EXHAUSTED: {s['refused']}")
+          f"refused RESOURCE_EXHAUSTED: {s['refused']}; failed: {s['failed'] or 'none'}")
     print(f"     split, paired p50: the engine's first token {s['paired_share_engine']['p50']:+.2f} ms "
           f"(engine TTFT p50 gateway {s['engine_ttft_p50']['gateway']:.2f}, "
           f"direct {s['engine_ttft_p50']['direct']:.2f}), "
@@ -242,8 +257,14 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64], help="concurrency levels")
     parser.add_argument("--window-step", type=int, default=None,
                         help="AGW_GATEWAY_HISTORY_WINDOW_STEP for the gateway (2: the window slides every turn)")
-    parser.add_argument("--side-by-side", action="store_true",
-                        help="also a gateway with AGW_GATEWAY_OPEN_GENERATE_EARLY=false, on the same turns")
+    parser.add_argument("--side-by-side", choices=sorted(SIDE_BY_SIDE), nargs="?", const="early",
+                        help="also a gateway with the early call (early) or the prefix prefill (prefill) off, "
+                             "on the same turns")
+    parser.add_argument("--max-tokens", type=int, default=16,
+                        help="tokens each turn generates: the answer the next turn's history carries")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="1.0 for long answers: greedy, the smoke model can settle on tokens that decode to no "
+                             "text, and a turn without text has no first token")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     step = {} if args.window_step is None else {"history_window_step": args.window_step}
@@ -253,22 +274,23 @@ def main() -> int:
     with backend_processes(root, tls) as (ports, started):
         variants = {"gateway": {}}
         if args.side_by_side:
-            variants["gateway_off"] = {"AGW_GATEWAY_OPEN_GENERATE_EARLY": "false"}
+            variants["gateway_off"] = SIDE_BY_SIDE[args.side_by_side][1]
         for name, env in variants.items():
             gateway = gateway_process(root, tls, name, ports,
                                       AGW_GATEWAY_HISTORY_WINDOW_STEP=str(window.history_window_step), **env)
             started.append(gateway)
             ports[name] = gateway.wait_serving()
-        results = asyncio.run(run(ports, tls, args.turns, args.concurrency, window))
+        results = asyncio.run(run(ports, tls, args.turns, args.concurrency, window, sampling(args.max_tokens, args.temperature)))
 
     table, stats = [], {}
+    off_label = SIDE_BY_SIDE[args.side_by_side][0] if args.side_by_side else ""
     for concurrency, rows in results.items():
         stats[concurrency] = _gateway_stats(rows, "gateway", "")
         if "gateway_off" in rows:
             stats[concurrency]["off"] = _gateway_stats(rows, "gateway_off", "_off")
         paths = [("gateway Chat", stats[concurrency])]
         if "off" in stats[concurrency]:
-            paths.append(("gateway Chat, early call off", stats[concurrency]["off"]))
+            paths.append((f"gateway Chat, {off_label}", stats[concurrency]["off"]))
         for name, s in paths:
             table.append({"conc": concurrency, "path": name, "turns": s["gateway_ttft"]["n"], "refused": s["refused"],
                           "share p50": s["paired_share"]["p50"], "share p99": s["paired_share"]["p99"],
@@ -280,13 +302,13 @@ def main() -> int:
                       "TTFT p50": direct["direct_ttft"]["p50"], "TTFT p95": direct["direct_ttft"]["p95"],
                       "TTFT p99": direct["direct_ttft"]["p99"], "total p50": direct["direct_total"]["p50"],
                       "total p99": direct["direct_total"]["p99"]})
-    print_table("agent turn: first token and total, ms (16 tokens, smoke model)", table,
+    print_table(f"agent turn: first token and total, ms ({args.max_tokens} tokens, smoke model)", table,
                 ["conc", "path", "turns", "refused", "share p50", "share p99", "TTFT p50", "TTFT p95", "TTFT p99",
                  "total p50", "total p99"])
     for concurrency, s in stats.items():
         _report(concurrency, "gateway", s)
         if "off" in s:
-            _report(concurrency, "gateway, early call off", s["off"])
+            _report(concurrency, f"gateway, {off_label}", s["off"])
     print(f"command: {command_line()}")
     write_json(args.json, {"stats": {str(k): v for k, v in stats.items()}})
     return 0
