@@ -376,8 +376,10 @@ async def test_a_long_session_keeps_its_cached_prefix_when_the_window_moves_in_s
     passage = "The for statement is used to iterate over the elements of a sequence or other iterable object. "
 
     async def fifth_turn_cached(step: int) -> tuple[int, int]:
+        # No prefix prefill: it would fill the sliding window's misses while retrieval runs, and this test
+        # measures what the window alone leaves in the cache (tests/e2e/test_inference.py tests the prefill).
         async with gateway_server(pki.root, inference_service.port, retrieval.port, database_url=database_url,
-                                  history_messages=4, history_window_step=step) as (gw, _):
+                                  history_messages=4, history_window_step=step, prefill_prefix=False) as (gw, _):
             async with gateway_stub(gw.port, pki.root) as stub:
                 session, salt = await _session(stub), uuid.uuid4()  # new to the prefix cache
                 for turn in range(1, 6):
