@@ -213,8 +213,11 @@ async def test_a_killed_replica_leaves_routing_retries_only_turns_without_a_toke
         for owned in (session, queued_session):  # history, so each turn's early call sends a prefix
             await _turn(stub, owned)
         doomed, survivor = _replica(app, addresses[1]), _replica(app, addresses[0])
+        # Long enough to still run when the replica dies: the gateway reads the engine's stream into its pending
+        # deltas while this test does not read, so only the engine's pace bounds it (2,000 tokens ended within the
+        # test's waits on a fast host, the batch then had room, and the queued turn never waited).
         streaming = stub.Chat(pb.ChatRequest(session_id=session, message="A long answer.", system_prompt=SYSTEM_PROMPT,
-                                             generation=inference_pb2.SamplingParams(max_tokens=2000, ignore_eos=True)),
+                                             generation=inference_pb2.SamplingParams(max_tokens=3900, ignore_eos=True)),
                               timeout=60)
         assert (await streaming.read()).HasField("delta")
         # Fill replica 2's batch (4 sequences in the test engine) so the next turn waits in its queue, tokenless.
