@@ -12,7 +12,10 @@ so no policy finds what an earlier one left in the caches.
 
 Policies: ``single`` (one replica: the baseline the cache goal compares with), ``affinity``, ``round_robin``,
 ``least_loaded``; ``affinity@N`` (a load margin of N) and ``affinity-unplaced`` (new sessions' ids left to the
-hash: AGW_GATEWAY_PLACE_SESSIONS=false) as variants. Reported per policy: the fraction of prompt tokens served from the prefix cache (it does not
+hash: AGW_GATEWAY_PLACE_SESSIONS=false) as variants. The gateways run with the prefix prefill off
+(AGW_GATEWAY_PREFILL_PREFIX=false) unless ``--prefill``: a prefill computes a turn's new history on the replica
+before the turn arrives, which the turn's usage then counts as cached although that replica's engine computed it, so
+with it on the cached fraction no longer says what routing kept. Reported per policy: the fraction of prompt tokens served from the prefix cache (it does not
 depend on this machine's timing, so it leads), TTFT p50/p95/p99 at the client, and the calls each replica got.
 
 ``--kill`` adds a phase with ``affinity``: after ``--kill-after`` rounds the second replica is killed (SIGKILL,
@@ -20,7 +23,7 @@ engine and all) while turns run, and started again on its port at once; the roun
 turn's status and whether it had received a token, turns per replica per round, and whether the killed
 replica's sessions came back to it once it rejoined.
 
-    python bench/replica_routing.py [--sessions 24] [--rounds 6] [--concurrency 8] [--kill] [--json FILE]
+    python bench/replica_routing.py [--sessions 24] [--rounds 6] [--concurrency 8] [--kill] [--prefill] [--json FILE]
 """
 
 from __future__ import annotations
@@ -173,10 +176,10 @@ def _row(run: Run) -> dict:
 class Stack:
     """Retrieval, Postgres and the two inference replicas, started once; gateways come and go."""
 
-    def __init__(self, root, tls, kv_cache_gib: float) -> None:
+    def __init__(self, root, tls, kv_cache_gib: float, prefill: bool = False) -> None:
         import pgserver
 
-        self.root, self.tls, self.kv_cache_gib = root, tls, kv_cache_gib
+        self.root, self.tls, self.kv_cache_gib, self.prefill = root, tls, kv_cache_gib, prefill
         self.postgres = pgserver.get_server(root / "postgres", cleanup_mode="stop")
         self.started = []
         try:
@@ -209,6 +212,7 @@ class Stack:
             "AGW_GATEWAY_INFERENCE_TARGETS": ",".join(f"127.0.0.1:{p}" for p in targets),
             "AGW_GATEWAY_INFERENCE_ROUTING": "affinity" if policy == "single" else policy,
             "AGW_GATEWAY_PLACE_SESSIONS": "false" if unplaced else "true",
+            "AGW_GATEWAY_PREFILL_PREFIX": "true" if self.prefill else "false",
             **({"AGW_GATEWAY_ROUTING_LOAD_MARGIN": margin} if margin else {})}))
         return process, process.wait_serving()
 
@@ -274,11 +278,14 @@ async def main() -> None:
     parser.add_argument("--kv-cache-gib", type=float, default=2.0,
                         help="each replica's KV cache; 2 holds every session many times over with the smoke model, "
                              "a small one makes the cache hold about one replica's share of the sessions")
+    parser.add_argument("--prefill", action="store_true",
+                        help="gateways with the prefix prefill on (AGW_GATEWAY_PREFILL_PREFIX): the cached fraction "
+                             "then counts what prefills computed ahead as cached")
     parser.add_argument("--json", type=lambda p: __import__("pathlib").Path(p))
     args = parser.parse_args()
     root = scratch_dir("replicas")
     tls = dev_pki(root, tenants=TENANTS)
-    stack = Stack(root, tls, args.kv_cache_gib)
+    stack = Stack(root, tls, args.kv_cache_gib, prefill=args.prefill)
     runs, kill = [], None
     try:
         kv = await kv_tokens(stack)
@@ -307,7 +314,8 @@ def report(runs: list[Run], kill, args, kv_tokens: int) -> None:
         last[turn.session] = max(last.get(turn.session, 0), turn.prompt_tokens)
     print_table(f"{args.sessions} sessions x {args.rounds} turns, 3 tenants, concurrency {args.concurrency}; "
                 f"each replica's KV cache holds {kv_tokens} tokens; the sessions' last prompts add up to "
-                f"{sum(last.values())} ({runs[0].policy if runs else ''})", rows,
+                f"{sum(last.values())} ({runs[0].policy if runs else ''}); prefix prefill "
+                f"{'on' if args.prefill else 'off'}", rows,
                 ["policy", "turns", "failed", "prompt_tokens", "cached_fraction", "ttft_p50_ms", "ttft_p95_ms",
                  "ttft_p99_ms", "split", "spilled", "round_0"])
     by_policy = {row["policy"]: row for row in rows}
@@ -320,7 +328,8 @@ def report(runs: list[Run], kill, args, kv_tokens: int) -> None:
         # best any router can do: round_robin then loses only what a session added since it last visited a replica.
         print(f"single / round_robin: {by_policy['single']['cached_fraction'] / max(by_policy['round_robin']['cached_fraction'], 1e-9):.2f}x "
               "(the ceiling of affinity / round_robin when every session fits one replica's cache)")
-    data = {"runs": rows, "kv_cache_tokens": kv_tokens, "working_set_tokens": sum(last.values())}
+    data = {"runs": rows, "kv_cache_tokens": kv_tokens, "working_set_tokens": sum(last.values()),
+            "prefix_prefill": args.prefill}
     if kill is not None:
         run, events = kill
         failed = [t for t in run.turns if t.status != "OK"]
