@@ -11,6 +11,7 @@ import shlex
 import statistics
 import sys
 import tempfile
+import urllib.request
 from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -59,6 +60,21 @@ def write_json(path: Path | None, data: dict) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"command": command_line(), **data}, indent=2))
         print(f"\nwrote {path}")
+
+
+def scrape(metrics_port: int) -> dict[str, float]:
+    """A service's Prometheus samples, ``name{labels}`` to value; empty if unreadable."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return {}
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
 
 
 def scratch_dir(prefix: str) -> Path:

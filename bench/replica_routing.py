@@ -39,12 +39,13 @@ from dataclasses import dataclass, field
 
 import grpc
 from harness import (command_line, dev_pki, gateway_process, inference_process, print_table, retrieval_process,
-                     scratch_dir, summary, write_json)
+                     scrape, scratch_dir, summary, write_json)
 
 from agent.gateway.v1 import gateway_pb2 as pb
 from agent.gateway.v1 import gateway_pb2_grpc
 from agent.inference.v1 import inference_pb2
 from servicekit import ChannelSpec, ClientTls, open_channel, wait_ready
+from tests.support.servers import free_port
 
 TENANTS = ("acme", "globex", "initech")
 WORDS = ("invoice shipment refund order ticket account latency region quota cluster deploy rollback metric alert "
@@ -68,6 +69,7 @@ class Run:
     routed: dict[str, int] = field(default_factory=dict)
     spilled: int = 0  # calls the load bound moved off their session's first-ranked replica
     per_round: list[dict[str, int]] = field(default_factory=list)
+    prefills: dict[str, int] = field(default_factory=dict)  # the replicas' prefix prefills, by outcome
 
 
 def _system_prompt(nonce: str, tenant: str) -> str:
@@ -170,7 +172,9 @@ def _row(run: Run) -> dict:
             "split": " / ".join(f"{name} {count / total:.0%}" for name, count in sorted(run.routed.items())),
             "spilled": f"{run.spilled / total:.0%}",
             # Round 0 sends one turn per session: about how the sessions split (spills aside).
-            "round_0": "/".join(str(count) for _, count in sorted(run.per_round[0].items())) if run.per_round else ""}
+            "round_0": "/".join(str(count) for _, count in sorted(run.per_round[0].items())) if run.per_round else "",
+            # What the replicas' prefix prefills did during the policy's run (none asked with the prefill off).
+            "prefills": ", ".join(f"{outcome} {count}" for outcome, count in sorted(run.prefills.items()) if count)}
 
 
 class Stack:
@@ -180,6 +184,7 @@ class Stack:
         import pgserver
 
         self.root, self.tls, self.kv_cache_gib, self.prefill = root, tls, kv_cache_gib, prefill
+        self.metrics_ports = [free_port(), free_port()]
         self.postgres = pgserver.get_server(root / "postgres", cleanup_mode="stop")
         self.started = []
         try:
@@ -199,6 +204,7 @@ class Stack:
         return inference_process(self.root, self.tls, f"inference-{index + 1}-{time.monotonic_ns()}",
                                  AGW_INFERENCE_KV_CACHE_GIB=str(self.kv_cache_gib),
                                  AGW_INFERENCE_REPLICA_NAME=f"replica-{index + 1}",
+                                 AGW_INFERENCE_METRICS_PORT=str(self.metrics_ports[index]),
                                  **({"AGW_INFERENCE_PORT": str(port)} if port else {}))
 
     def gateway(self, name: str, policy: str):
@@ -215,6 +221,16 @@ class Stack:
             "AGW_GATEWAY_PREFILL_PREFIX": "true" if self.prefill else "false",
             **({"AGW_GATEWAY_ROUTING_LOAD_MARGIN": margin} if margin else {})}))
         return process, process.wait_serving()
+
+    def prefills(self) -> dict[str, int]:
+        """Prefix prefills so far on both replicas, by outcome (``agw_inference_prefix_prefills_total``)."""
+        counts: dict[str, int] = {}
+        for port in self.metrics_ports:
+            for name, value in scrape(port).items():
+                if name.startswith("agw_inference_prefix_prefills_total{") and 'outcome="' in name:
+                    outcome = name.split('outcome="', 1)[1].split('"', 1)[0]
+                    counts[outcome] = counts.get(outcome, 0) + int(value)
+        return counts
 
     def kill_and_restart(self, index: int):
         os.killpg(self.replicas[index].pid, signal.SIGKILL)
@@ -292,10 +308,12 @@ async def main() -> None:
         for policy in args.policies.split(","):
             run = Run(policy)
             gateway, port = stack.gateway(f"gateway-{policy}", policy)
+            before = stack.prefills()
             try:
                 await workload(port, tls, run, args)
             finally:
                 gateway.stop()
+            run.prefills = {outcome: count - before.get(outcome, 0) for outcome, count in stack.prefills().items()}
             runs.append(run)
         if args.kill:
             kill = await kill_phase(stack, args)
@@ -317,7 +335,7 @@ def report(runs: list[Run], kill, args, kv_tokens: int) -> None:
                 f"{sum(last.values())} ({runs[0].policy if runs else ''}); prefix prefill "
                 f"{'on' if args.prefill else 'off'}", rows,
                 ["policy", "turns", "failed", "prompt_tokens", "cached_fraction", "ttft_p50_ms", "ttft_p95_ms",
-                 "ttft_p99_ms", "split", "spilled", "round_0"])
+                 "ttft_p99_ms", "split", "spilled", "round_0", "prefills"])
     by_policy = {row["policy"]: row for row in rows}
     if {"affinity", "single", "round_robin"} <= set(by_policy):
         affinity = by_policy["affinity"]["cached_fraction"]

@@ -24,12 +24,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-import urllib.request
 from argparse import Namespace
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from harness import backend_processes, command_line, dev_pki, gateway_process, print_table, scratch_dir, write_json
+from harness import (backend_processes, command_line, dev_pki, gateway_process, print_table, scrape, scratch_dir,
+                     write_json)
 
 from agent.gateway.v1 import gateway_pb2 as pb
 from agent.gateway.v1 import gateway_pb2_grpc
@@ -56,21 +56,6 @@ class Sample:
     db_connections: int
     channels_ready: int
     gc: dict[str, dict[str, list[float]]] = field(default_factory=dict)
-
-
-def scrape(metrics_port: int) -> dict[str, float]:
-    """A service's Prometheus samples, ``name{labels}`` to value; empty if unreadable."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
-            text = response.read().decode()
-    except OSError:
-        return {}
-    samples = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            samples[name] = float(value)
-    return samples
 
 
 def asyncio_tasks(samples: dict[str, float]) -> int:
