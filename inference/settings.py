@@ -72,6 +72,9 @@ class InferenceSettings(ServiceSettings):
     load_watch_interval_ms: int = Field(
         100, ge=100, le=MAX_LOAD_WATCH_INTERVAL_MS,
         description="Least time between two WatchLoad messages (a caller may ask for longer, up to 60 s).")
+    engine_spin_ms: float | None = Field(
+        None, gt=0, le=1000, description="How long vLLM's engine processes spin on their shared-memory queues after a "
+        "message before they sleep (inference/engine_waits.py); unset: 2 on CPU, vLLM's own 1000 elsewhere.")
     warm_schemas_file: Path | None = Field(
         None, description="A JSON file holding a list of JSON Schemas compiled into the cache at start.")
 
