@@ -20,9 +20,10 @@ reader waits (``SpinCondition.wait``):
   (default 2 ms on CPU: longer than the core's scheduling between steps, so
   the worker still picks a step up at once), then sleeps on the socket;
 - it never sleeps longer than :data:`IDLE_POLL_MS` at a time before looking
-  at its queue again. vLLM's sleep has no bound, and its notification can be
-  missed (with no spin at all, decoding ran at 296 tokens/s instead of 528,
-  waiting out lost wake-ups); the bound makes a missed one cost at most that.
+  at its queue again. vLLM's own sleep rechecks only every 5 s, and its
+  notification can be missed (with no spin at all, decoding ran at 296
+  tokens/s instead of 528, and one request stalled 60 s, waiting out lost
+  wake-ups); the bound makes a missed one cost at most 10 ms.
 
 It patches a vLLM class, so it checks the version it was written against and
 does nothing on another (logging why). On a GPU host it does nothing unless

@@ -73,7 +73,7 @@ def test_a_missed_notification_costs_at_most_the_sleep_bound(queue_pair):
     _, reader, _ = queue_pair(spin_ms=1, idle_poll_ms=50)
     reader.last_read = time.monotonic() - 1
     started = time.monotonic()
-    reader.wait()  # nothing will notify: vLLM's own wait would sleep until its caller's timeout
+    reader.wait()  # nothing will notify: vLLM's own wait would sleep 5 s
     assert 0.04 < time.monotonic() - started < 1
 
 
