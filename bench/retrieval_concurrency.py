@@ -9,8 +9,11 @@ p50 at concurrency 8). Two retrieval services on the same corpus, in one run:
   (``AGW_RETRIEVAL_EMBED_QUERY_BATCH=16``, the default);
 - one pass each: ``AGW_RETRIEVAL_EMBED_QUERY_BATCH=1``, as before.
 They take turns, in halves, at each concurrency level, so drift hits both.
+With ``--precision``, the two services both batch, and differ in the
+embedder's matrix products instead: bfloat16 (``AGW_RETRIEVAL_EMBED_BF16=on``)
+against fp32 (``off``).
 
-    python bench/retrieval_concurrency.py [--n 160] [--json bench/out/retrieval_concurrency.json]
+    python bench/retrieval_concurrency.py [--n 160] [--precision] [--json bench/out/retrieval_concurrency.json]
 """
 
 from __future__ import annotations
@@ -34,7 +37,12 @@ QUERIES = ["context manager enter and exit", "iterate over a sequence", "format 
            "anonymous function", "assert a condition holds", "delete a name", "global and nonlocal names",
            "slicing a list", "comparison operators", "boolean operations", "the while loop", "raise an error",
            "numeric literals"]
-VARIANTS = {"batched": "16", "one pass each": "1"}
+#: Each comparison's two services, by the settings that tell them apart; the ratio is the second's p50 over the first's.
+COMPARISONS = {
+    "batching": {"batched": {"AGW_RETRIEVAL_EMBED_QUERY_BATCH": "16"},
+                 "one pass each": {"AGW_RETRIEVAL_EMBED_QUERY_BATCH": "1"}},
+    "precision": {"bf16": {"AGW_RETRIEVAL_EMBED_BF16": "on"}, "fp32": {"AGW_RETRIEVAL_EMBED_BF16": "off"}},
+}
 
 
 async def searches(stub, concurrency: int, n: int) -> list[float]:
@@ -51,7 +59,9 @@ async def searches(stub, concurrency: int, n: int) -> list[float]:
     return latencies
 
 
-async def run(ports: dict[str, int], tls_dir: Path, levels: list[int], n: int) -> dict:
+async def run(ports: dict[str, int], tls_dir: Path, levels: list[int], n: int,
+              upserts: dict[str, float]) -> dict:
+    """Search latencies by level and service; ``upserts`` gets each service's time to ingest the corpus (ms)."""
     documents = [passage_to_proto(passage) for passage in sample_corpus(max_per_topic=2)[:200]]
     async with AsyncExitStack() as stack:
         stubs = {}
@@ -61,7 +71,9 @@ async def run(ports: dict[str, int], tls_dir: Path, levels: list[int], n: int) -
             await wait_ready(channel, timeout_s=60, target=name)
             stub = stubs[name] = retrieval_pb2_grpc.RetrievalStub(channel)
             await stub.CreateCollection(pb.CreateCollectionRequest(collection=pb.Collection(name="docs")), timeout=10)
+            started = time.perf_counter()
             await stub.Upsert(pb.UpsertRequest(collection="docs", documents=documents), timeout=300)
+            upserts[name] = (time.perf_counter() - started) * 1000
             await searches(stub, 1, 8)  # warm
         results: dict[int, dict[str, list[float]]] = {}
         for concurrency in levels:
@@ -76,16 +88,22 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=160, help="searches per variant and concurrency level")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--precision", action="store_true",
+                        help="compare the embedder in bfloat16 and fp32 (both batched), not batched and one pass each")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     root = scratch_dir("retrieval-concurrency")
     tls_dir = dev_pki(root)
-    services = {name: retrieval_process(root, tls_dir, name.replace(" ", "-"), AGW_RETRIEVAL_EMBED_QUERY_BATCH=batch,
+    variants = COMPARISONS["precision" if args.precision else "batching"]
+    first, second = variants
+    ratio_name = f"p50 ratio ({second} / {first})"
+    services = {name: retrieval_process(root, tls_dir, name.replace(" ", "-"), **env,
                                         AGW_HOME=str(root / name.replace(" ", "-") / "home"))  # its own Edge store
-                for name, batch in VARIANTS.items()}
+                for name, env in variants.items()}
     try:
         ports = {name: service.wait_serving() for name, service in services.items()}
-        results = asyncio.run(run(ports, tls_dir, args.concurrency, args.n))
+        upserts: dict[str, float] = {}
+        results = asyncio.run(run(ports, tls_dir, args.concurrency, args.n, upserts))
     finally:
         for service in services.values():
             service.stop()
@@ -96,15 +114,15 @@ def main() -> int:
             stats.setdefault(str(concurrency), {})[name] = s
             table.append({"conc": concurrency, "variant": name, "n": s["n"], "p50": s["p50"], "p95": s["p95"],
                           "p99": s["p99"]})
-        ratio = stats[str(concurrency)]["one pass each"]["p50"] / stats[str(concurrency)]["batched"]["p50"]
-        stats[str(concurrency)]["p50 ratio (one pass each / batched)"] = ratio
+        stats[str(concurrency)][ratio_name] = stats[str(concurrency)][second]["p50"] / stats[str(concurrency)][first]["p50"]
     print_table("Search with a text query, latency ms (all-MiniLM-L6-v2 on CPU, Qdrant Edge, 200 passages)", table,
                 ["conc", "variant", "n", "p50", "p95", "p99"])
     for concurrency in results:
-        print(f"c={concurrency}: one pass each / batched, p50: "
-              f"{stats[str(concurrency)]['p50 ratio (one pass each / batched)']:.2f}x")
+        print(f"c={concurrency}: {second} / {first}, p50: {stats[str(concurrency)][ratio_name]:.2f}x")
+    print("ingest of the 200 passages (one Upsert, embedded in passes of 64): "
+          + ", ".join(f"{name} {ms:.0f} ms" for name, ms in upserts.items()))
     print(f"command: {command_line()}")
-    write_json(args.json, {"stats": stats})
+    write_json(args.json, {"stats": stats, "upsert_ms": upserts})
     return 0
 
 

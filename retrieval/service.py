@@ -117,7 +117,8 @@ class RetrievalApp:
                 log.info("store: Qdrant Edge in-process at %s", settings.edge_dir)
             stack.push_async_callback(store.close)
             embedder = await Embedder.load(settings.embed_model, settings.embed_threads, settings.embed_torch_threads,
-                                           settings.embed_query_batch, settings.embed_cache_entries)
+                                           settings.embed_query_batch, settings.embed_cache_entries,
+                                           bf16=settings.embed_bf16)
             stack.push_async_callback(embedder.close)
             log.info("start-up: embedder warm-up took %.0f ms", await embedder.warm_up())
             self.servicer.core = RetrievalCore(store, embedder, settings)

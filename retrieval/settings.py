@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -37,6 +38,10 @@ class RetrievalSettings(ServiceSettings):
         "so a retried upsert embeds nothing twice.")
     embed_query_batch: int = Field(
         16, gt=0, description="Most concurrent search queries embedded in one forward pass (1: one pass each).")
+    embed_bf16: Literal["auto", "on", "off"] = Field(
+        "auto", description="bfloat16 matrix products (PyTorch autocast) for embedding passes of several texts: "
+        "2-3x faster on CPUs with AMX tiles, vectors within cosine 0.9999 of fp32's; auto: only where the CPU has "
+        "AMX (elsewhere bfloat16 is emulated and slower), off: fp32 always.")
     store_threads: int = Field(2, gt=0, description="Threads that run Qdrant Edge calls off the event loop.")
     upsert_chunk: int = Field(256, gt=0, description="Documents written per store call on upsert.")
     max_upsert_documents: int = Field(10_000, gt=0, description="Most documents in one Upsert request.")
