@@ -65,8 +65,11 @@ class GatewaySettings(ServiceSettings):
     inference_routing: Literal["affinity", "least_loaded", "round_robin"] = Field(
         "affinity", description="How a call picks its inference replica: affinity (rendezvous hashing of the session, "
         "or of the prompt's leading chunk, with a load bound), least_loaded, or round_robin.")
+    # 8, not 4: with sessions placed evenly, 4 still spilled 1-5% of a replica bench's turns in the tails of its
+    # rounds (a CPU engine queues while prefilling), each a whole prompt prefilled without its prefix; 8 spilled
+    # none, cached more (0.73 against 0.69-0.72) and had a lower TTFT p99 in two runs of three (docs/benchmarks.md).
     routing_load_margin: int = Field(
-        4, ge=0, description="affinity: a key's first replica is passed over while it is full (requests wait in its "
+        8, ge=0, description="affinity: a key's first replica is passed over while it is full (requests wait in its "
         "queue, or its batch limit is reached) and its load (waiting + running) exceeds the least-loaded replica's by "
         "more than this.")
     routing_prefix_chars: int = Field(
