@@ -149,9 +149,10 @@ class ChannelNotReady(ConnectionError):
     """A channel did not reach READY in time; the message names the target."""
 
 
-# What grpc.aio puts in a call's status when a write fails inside Core: a
-# placeholder, overwritten once the peer's own status is received.
-_CORE_WRITE_PLACEHOLDER = "Internal error from Core"
+#: What grpc.aio puts in a call's status when a write fails inside Core: a
+#: placeholder, overwritten once the peer's own status is received. If that
+#: status had already arrived, grpc.aio overwrites it instead, and it is lost.
+CORE_WRITE_PLACEHOLDER = "Internal error from Core"
 
 
 async def status_after_failed_write(call, *, settle_s: float = 1.0, poll_s: float = 0.005) -> grpc.aio.AioRpcError:
@@ -167,7 +168,7 @@ async def status_after_failed_write(call, *, settle_s: float = 1.0, poll_s: floa
     """
     loop = asyncio.get_running_loop()
     give_up_at = loop.time() + settle_s
-    while (await call.code() == grpc.StatusCode.INTERNAL and await call.details() == _CORE_WRITE_PLACEHOLDER
+    while (await call.code() == grpc.StatusCode.INTERNAL and await call.details() == CORE_WRITE_PLACEHOLDER
            and loop.time() < give_up_at):
         await asyncio.sleep(poll_s)
     return grpc.aio.AioRpcError(await call.code(), await call.initial_metadata(), await call.trailing_metadata(),
