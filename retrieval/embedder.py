@@ -27,9 +27,11 @@ log = logging.getLogger(__name__)
 #: Below it the casts cost more than they save. all-MiniLM-L6-v2 on one
 #: Sapphire Rapids core, fp32 against bfloat16 ms: one 80-character query
 #: 10.4 / 13.8, eight 33-character queries 16.7 / 17.3, sixteen 26.5 / 20.8,
-#: sixteen 80-character texts 55.6 / 29.6, sixty-four 84.9 against 247.7
+#: sixteen 80-character texts 55.6 / 29.6, sixty-four 247.7 / 84.9
 #: (docs/benchmarks.md).
 BF16_MIN_PADDED_CHARS = 512
+
+
 def cpu_has_amx() -> bool:
     """Whether this CPU has AMX tiles, where PyTorch's bfloat16 matrix products run natively (oneDNN)."""
     import torch
