@@ -59,10 +59,10 @@ async def searches(stub, concurrency: int, n: int) -> list[float]:
     return latencies
 
 
-async def run(ports: dict[str, int], tls_dir: Path, levels: list[int], n: int,
-              upserts: dict[str, float]) -> dict:
-    """Search latencies by level and service; ``upserts`` gets each service's time to ingest the corpus (ms)."""
+async def run(ports: dict[str, int], tls_dir: Path, levels: list[int], n: int) -> tuple[dict, dict[str, float]]:
+    """Search latencies by level and service, and each service's time to ingest the corpus (ms)."""
     documents = [passage_to_proto(passage) for passage in sample_corpus(max_per_topic=2)[:200]]
+    upserts: dict[str, float] = {}
     async with AsyncExitStack() as stack:
         stubs = {}
         for name, port in ports.items():
@@ -81,7 +81,7 @@ async def run(ports: dict[str, int], tls_dir: Path, levels: list[int], n: int,
             for half in range(2):
                 for name in (list(stubs) if half == 0 else list(reversed(stubs))):
                     rows[name] += await searches(stubs[name], concurrency, n // 2)
-        return results
+        return results, upserts
 
 
 def main() -> int:
@@ -102,8 +102,7 @@ def main() -> int:
                 for name, env in variants.items()}
     try:
         ports = {name: service.wait_serving() for name, service in services.items()}
-        upserts: dict[str, float] = {}
-        results = asyncio.run(run(ports, tls_dir, args.concurrency, args.n, upserts))
+        results, upserts = asyncio.run(run(ports, tls_dir, args.concurrency, args.n))
     finally:
         for service in services.values():
             service.stop()
