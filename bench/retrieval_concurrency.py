@@ -6,14 +6,15 @@ query is a forward pass of the embedder; eight concurrent searches made eight
 passes in a row, and the agent-turn bench measured retrieval at 180-450 ms
 p50 at concurrency 8). Two retrieval services on the same corpus, in one run:
 - batched: queries arriving while a pass runs share the next pass
-  (``AGW_RETRIEVAL_EMBED_QUERY_BATCH=16``, the default);
+  (``AGW_RETRIEVAL_EMBED_QUERY_BATCH=32``, the default);
 - one pass each: ``AGW_RETRIEVAL_EMBED_QUERY_BATCH=1``, as before.
 They take turns, in halves, at each concurrency level, so drift hits both.
-With ``--precision``, the two services both batch, and differ in the
-embedder's matrix products instead: bfloat16 (``AGW_RETRIEVAL_EMBED_BF16=on``)
-against fp32 (``off``).
+With ``--compare precision`` (or ``--precision``), the two services both
+batch, and differ in the embedder's matrix products instead: bfloat16
+(``AGW_RETRIEVAL_EMBED_BF16=on``) against fp32 (``off``). With ``--compare
+query-batch``, in the largest pass: 32 queries (the default) against 16.
 
-    python bench/retrieval_concurrency.py [--n 160] [--precision] [--json bench/out/retrieval_concurrency.json]
+    python bench/retrieval_concurrency.py [--n 160] [--compare batching|precision|query-batch] [--json bench/out/retrieval_concurrency.json]
 """
 
 from __future__ import annotations
@@ -39,9 +40,11 @@ QUERIES = ["context manager enter and exit", "iterate over a sequence", "format 
            "numeric literals"]
 #: Each comparison's two services, by the settings that tell them apart; the ratio is the second's p50 over the first's.
 COMPARISONS = {
-    "batching": {"batched": {"AGW_RETRIEVAL_EMBED_QUERY_BATCH": "16"},
+    "batching": {"batched": {"AGW_RETRIEVAL_EMBED_QUERY_BATCH": "32"},
                  "one pass each": {"AGW_RETRIEVAL_EMBED_QUERY_BATCH": "1"}},
     "precision": {"bf16": {"AGW_RETRIEVAL_EMBED_BF16": "on"}, "fp32": {"AGW_RETRIEVAL_EMBED_BF16": "off"}},
+    "query-batch": {"batch 32": {"AGW_RETRIEVAL_EMBED_QUERY_BATCH": "32"},
+                    "batch 16": {"AGW_RETRIEVAL_EMBED_QUERY_BATCH": "16"}},
 }
 
 
@@ -88,13 +91,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=160, help="searches per variant and concurrency level")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
-    parser.add_argument("--precision", action="store_true",
-                        help="compare the embedder in bfloat16 and fp32 (both batched), not batched and one pass each")
+    parser.add_argument("--compare", choices=sorted(COMPARISONS), default="batching",
+                        help="batching: batched against one pass each; precision: bfloat16 against fp32; "
+                             "query-batch: passes of up to 32 queries against 16")
+    parser.add_argument("--precision", action="store_const", const="precision", dest="compare",
+                        help="the same as --compare precision")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     root = scratch_dir("retrieval-concurrency")
     tls_dir = dev_pki(root)
-    variants = COMPARISONS["precision" if args.precision else "batching"]
+    variants = COMPARISONS[args.compare]
     first, second = variants
     ratio_name = f"p50 ratio ({second} / {first})"
     services = {name: retrieval_process(root, tls_dir, name.replace(" ", "-"), **env,

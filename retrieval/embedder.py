@@ -22,14 +22,19 @@ from retrieval.batching import MicroBatcher
 
 log = logging.getLogger(__name__)
 
-#: The smallest pass, in padded characters (texts x the longest text's length;
-#: about four characters a token), whose matrix products run in bfloat16.
-#: Below it the casts cost more than they save. all-MiniLM-L6-v2 on one
-#: Sapphire Rapids core, fp32 against bfloat16 ms: one 80-character query
-#: 10.4 / 13.8, eight 33-character queries 16.7 / 17.3, sixteen 26.5 / 20.8,
-#: sixteen 80-character texts 55.6 / 29.6, sixty-four 247.7 / 84.9
-#: (docs/benchmarks.md).
-BF16_MIN_PADDED_CHARS = 512
+#: The smallest pass, in padded characters (:func:`padded_chars`), whose
+#: matrix products run in bfloat16: below it the casts cost more than they
+#: save. all-MiniLM-L6-v2 on one Sapphire Rapids core, median of 21 passes,
+#: bfloat16 / fp32 time: one 80-character query 1.3x, six 32-character
+#: queries 1.03, eight 0.97, ten 0.83; three 64-character texts 0.97, four
+#: 0.91, six 0.77; twelve 16-character queries 0.78; sixty-four 80-character
+#: texts 0.34 (docs/benchmarks.md). The crossover sits at 220-300 padded
+#: characters whatever the texts' length, once each text counts its two
+#: special tokens.
+BF16_MIN_PADDED_CHARS = 256
+#: What each text adds to a pass beyond its characters: the tokenizer's [CLS]
+#: and [SEP], about eight characters' worth at four characters a token.
+_SPECIAL_TOKEN_CHARS = 8
 
 
 def cpu_has_amx() -> bool:
@@ -40,9 +45,14 @@ def cpu_has_amx() -> bool:
     return bool(probe and probe())
 
 
+def padded_chars(texts: Sequence[str]) -> int:
+    """A pass's size as the model sees it, in characters: every text padded to the longest, special tokens in."""
+    return len(texts) * (max(map(len, texts), default=0) + _SPECIAL_TOKEN_CHARS)
+
+
 def bf16_pays(texts: Sequence[str]) -> bool:
     """Whether a pass over ``texts`` is large enough for bfloat16 to be the faster (:data:`BF16_MIN_PADDED_CHARS`)."""
-    return len(texts) * max(map(len, texts), default=0) >= BF16_MIN_PADDED_CHARS
+    return padded_chars(texts) >= BF16_MIN_PADDED_CHARS
 
 
 def use_bf16(mode: str) -> bool:
@@ -81,7 +91,7 @@ class Embedder:
 
     @classmethod
     async def load(cls, model_path: str | None, threads: int = 1, torch_threads: int = 1,
-                   query_batch: int = 16, cache_entries: int = 20_000, bf16: str = "off") -> Embedder:
+                   query_batch: int = 32, cache_entries: int = 20_000, bf16: str = "off") -> Embedder:
         """Load the model on the embedder's own thread pool.
 
         Args:
@@ -177,7 +187,7 @@ class Embedder:
         text = "warm-up: the first real query must not pay for lazy initialisation"
         await self.embed([text])
         if self.bf16:  # the bfloat16 kernels are built on first use too
-            await self.embed([text] * (BF16_MIN_PADDED_CHARS // len(text) + 1))
+            await self.embed([text] * (BF16_MIN_PADDED_CHARS // padded_chars([text]) + 1))
         return (time.perf_counter() - started) * 1000
 
     async def close(self) -> None:
