@@ -24,7 +24,7 @@ from opentelemetry import trace
 
 from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from agent.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
-from servicekit.channels import ChannelSpec, status_after_failed_write
+from servicekit.channels import ChannelSpec, status_after_failed_write, status_lost
 from servicekit.errors import DeadlineExceeded, ServiceError, Unavailable, from_rpc_error
 from servicekit.metrics import meter
 from servicekit.pool import ChannelPool, Liveness, PooledChannel
@@ -247,6 +247,13 @@ class StartedStream:
             # The call ended before or during this write (an early call refused as UNIMPLEMENTED, say). The
             # write's own error can be a transport detail ("Internal error from Core"): the call's status says why.
             status = await status_after_failed_write(self._call)
+            if status_lost(status):
+                # The backend ended the call (a replica draining, say) and grpc.aio overwrote its status with
+                # the write's placeholder. Nothing was generated: UNAVAILABLE, which Generate and Chat retry
+                # once on another replica, not an INTERNAL error that fails the turn.
+                raise Unavailable(f"the {self._pool.name} service ended the call as its request was sent; retry "
+                                  "shortly", internal=f"{self._pool.describe()}: the call's status was lost to "
+                                  "grpc.aio's write placeholder") from None
             raise backend_error(status, self._pool, self._pooled, self._generation) from None
 
     def __aiter__(self) -> StartedStream:

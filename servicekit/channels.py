@@ -155,6 +155,11 @@ class ChannelNotReady(ConnectionError):
 CORE_WRITE_PLACEHOLDER = "Internal error from Core"
 
 
+def status_lost(error: grpc.aio.AioRpcError) -> bool:
+    """Whether ``error`` is grpc.aio's placeholder (:data:`CORE_WRITE_PLACEHOLDER`), not a status a peer sent."""
+    return error.code() == grpc.StatusCode.INTERNAL and error.details() == CORE_WRITE_PLACEHOLDER
+
+
 async def status_after_failed_write(call, *, settle_s: float = 1.0, poll_s: float = 0.005) -> grpc.aio.AioRpcError:
     """The status a peer ended ``call`` with, after a write to it failed.
 
@@ -164,7 +169,7 @@ async def status_after_failed_write(call, *, settle_s: float = 1.0, poll_s: floa
     and replaces it when the server's status arrives, a moment later. Reading
     the status at once can see the placeholder (a CI run did), so this waits
     up to ``settle_s`` for the real one; a placeholder still there after that
-    is returned as it is.
+    is returned as it is (:func:`status_lost` tells it apart).
     """
     loop = asyncio.get_running_loop()
     give_up_at = loop.time() + settle_s

@@ -8,7 +8,7 @@ import grpc
 from google.protobuf import symbol_database
 from google.protobuf.descriptor import MethodDescriptor
 
-from servicekit.channels import CORE_WRITE_PLACEHOLDER, status_after_failed_write
+from servicekit.channels import status_after_failed_write, status_lost
 
 
 #: Attempts of a client-streaming call whose status grpc.aio lost to its own placeholder (write_once).
@@ -26,13 +26,9 @@ async def call_method(channel: grpc.aio.Channel, method: MethodDescriptor, reque
         try:
             return await _call_once(channel, method, request, timeout)
         except grpc.aio.AioRpcError as error:
-            if not (method.client_streaming and _lost_status(error)):
+            if not (method.client_streaming and status_lost(error)):
                 raise
     return await _call_once(channel, method, request, timeout)
-
-
-def _lost_status(error: grpc.aio.AioRpcError) -> bool:
-    return error.code() == grpc.StatusCode.INTERNAL and error.details() == CORE_WRITE_PLACEHOLDER
 
 
 async def _call_once(channel: grpc.aio.Channel, method: MethodDescriptor, request, timeout: float):

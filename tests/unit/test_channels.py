@@ -11,11 +11,13 @@ from agent.inference.v1 import inference_pb2
 from agent.retrieval.v1 import retrieval_pb2
 from servicekit import ChannelSpec, KeepalivePolicy, RetryPolicy, service_config
 from servicekit.channels import status_after_failed_write
+from tests.support.ended_call import EndedCall
 
 pytestmark = pytest.mark.unit
 
 INFERENCE = inference_pb2.DESCRIPTOR.services_by_name["Inference"]
 RETRIEVAL = retrieval_pb2.DESCRIPTOR.services_by_name["Retrieval"]
+DENIED = (grpc.StatusCode.PERMISSION_DENIED, "tenant/dev may not call /x.Y/Z")
 
 
 def test_retry_policy_covers_exactly_the_idempotent_unary_methods():
@@ -65,39 +67,12 @@ def test_retry_backoff_renders_as_durations():
     assert config["methodConfig"][0]["retryPolicy"]["maxBackoff"] == "2s"
 
 
-class _EndedCall:
-    """A call whose status reads as grpc.aio's write placeholder for ``placeholder_reads`` reads, then as the peer's."""
-
-    def __init__(self, placeholder_reads: int | None) -> None:
-        self._left = placeholder_reads
-
-    def _placeholder(self) -> bool:
-        return self._left is None or self._left > 0
-
-    async def code(self):
-        if self._left:
-            self._left -= 1
-            return grpc.StatusCode.INTERNAL
-        return grpc.StatusCode.INTERNAL if self._left is None else grpc.StatusCode.PERMISSION_DENIED
-
-    async def details(self):
-        return "Internal error from Core" if self._placeholder() else "tenant/dev may not call /x.Y/Z"
-
-    async def initial_metadata(self):
-        return ()
-
-    async def trailing_metadata(self):
-        return ()
-
-    async def debug_error_string(self):
-        return ""
-
-
 async def test_a_failed_write_reports_the_peers_status_once_it_replaces_the_placeholder():
-    error = await status_after_failed_write(_EndedCall(placeholder_reads=3), poll_s=0)
-    assert (error.code(), error.details()) == (grpc.StatusCode.PERMISSION_DENIED, "tenant/dev may not call /x.Y/Z")
+    error = await status_after_failed_write(EndedCall(*DENIED, placeholder_reads=3), poll_s=0)
+    assert (error.code(), error.details()) == DENIED
 
 
 async def test_a_placeholder_that_never_clears_is_returned_after_the_bounded_wait():
-    error = await status_after_failed_write(_EndedCall(placeholder_reads=None), settle_s=0.05, poll_s=0.01)
+    error = await status_after_failed_write(EndedCall(*DENIED, placeholder_reads=None), settle_s=0.05,
+                                            poll_s=0.01)
     assert (error.code(), error.details()) == (grpc.StatusCode.INTERNAL, "Internal error from Core")

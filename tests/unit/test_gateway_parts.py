@@ -1,13 +1,20 @@
-"""Tenancy names, admission and deadlines: the gateway's pure parts."""
+"""Tenancy names, admission, deadlines and backend errors: the gateway's parts that need no server."""
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+
+import grpc
 import pytest
 
+from agent.inference.v1 import inference_pb2
 from gateway.admission import Admission
-from gateway.backends import Deadlines
+from gateway.backends import Deadlines, StartedStream
 from gateway.tenancy import cache_salt_for, physical_collection, tenant_cache_salt, tenant_collection
-from servicekit.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
+from servicekit.channels import ChannelSpec
+from servicekit.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, ServiceError
+from servicekit.pool import ChannelPool
+from tests.support.ended_call import EndedCall
 
 pytestmark = pytest.mark.unit
 
@@ -130,3 +137,25 @@ def test_a_password_file_must_hold_a_real_secret(tmp_path):
             load_settings(GatewaySettings, database_password_file=secret)
     secret.write_text("a1b2c3d4e5f6\n")
     assert load_settings(GatewaySettings, database_password_file=secret).database_password() == "a1b2c3d4e5f6"
+
+
+@pytest.mark.parametrize(("placeholder_reads", "expected"), [
+    # The backend's status replaced the placeholder: it keeps its code.
+    (2, grpc.StatusCode.PERMISSION_DENIED),
+    # grpc.aio overwrote the backend's status with the placeholder: nothing was generated, so it is
+    # UNAVAILABLE, which Backends.reroute retries on another replica, not INTERNAL, which fails the turn.
+    (None, grpc.StatusCode.UNAVAILABLE),
+])
+async def test_a_stream_ended_as_its_request_was_written_reports_the_backends_status_or_unavailable(
+        placeholder_reads, expected):
+    pool = ChannelPool("inference", ChannelSpec(target="127.0.0.1:9", tls=None), 1)
+    call = EndedCall(grpc.StatusCode.PERMISSION_DENIED, "service/gateway may not call it", placeholder_reads)
+    try:
+        stream = StartedStream(call, ExitStack(), pool, pool.channels[0])
+        with pytest.raises(ServiceError) as refused:
+            await stream.send(inference_pb2.GenerateRequest())
+        assert refused.value.code == expected
+        if expected == grpc.StatusCode.UNAVAILABLE:
+            assert "inference service ended the call as its request was sent; retry shortly" in refused.value.message
+    finally:
+        await pool.channels[0].channel.close()
