@@ -24,7 +24,12 @@ tenant so its prompts have their own prefix-cache partition; each turn then
 runs on all three paths, in rotating order, and the report compares the two
 gateways on the same turns.
 
-    python bench/chat_turn.py [--turns 50] [--max-tokens 16] [--window-step 16] [--side-by-side early|prefill] [--json bench/out/chat.json]
+``--backend-nice 5`` runs inference and retrieval at nice 5
+(``AGW_<SERVICE>_NICE``), and the bench's own process too once the stack is up
+(so that the load generator, which a real deployment runs elsewhere, competes
+for CPU as the backends do): only the gateway and Postgres keep nice 0.
+
+    python bench/chat_turn.py [--turns 50] [--max-tokens 16] [--window-step 16] [--side-by-side early|prefill] [--backend-nice 5] [--json bench/out/chat.json]
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from gateway.settings import GatewaySettings
 from retrieval.convert import passage_to_proto
 from retrieval.ingest import sample_corpus
 from servicekit import ChannelSpec, ClientTls, load_settings, open_channel, wait_ready
+from servicekit.server import lower_priority
 
 SYSTEM = "You are a helpful assistant. Answer from the context when it is relevant."
 QUESTIONS = ["How does the for statement work?", "What does with do?", "Explain try and except.",
@@ -270,13 +276,18 @@ def main() -> int:
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="1.0 for long answers: greedy, the smoke model can settle on tokens that decode to no "
                              "text, and a turn without text has no first token")
+    parser.add_argument("--backend-nice", type=int, default=0,
+                        help="AGW_INFERENCE_NICE and AGW_RETRIEVAL_NICE; the bench's own process "
+                             "takes it too once the stack is up, so the load competes for CPU as the backends do, "
+                             "and only the gateway (and Postgres) keep nice 0")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     step = {} if args.window_step is None else {"history_window_step": args.window_step}
     window = load_settings(GatewaySettings, **step)  # the bench's direct prompts use the gateway's window
     root = scratch_dir("chat")
     tls = dev_pki(root, tenants=("dev", OFF_TENANT) if args.side_by_side else ("dev",))
-    with backend_processes(root, tls) as (ports, started):
+    nice = {"AGW_INFERENCE_NICE": str(args.backend_nice), "AGW_RETRIEVAL_NICE": str(args.backend_nice)}
+    with backend_processes(root, tls, **nice) as (ports, started):
         variants = {"gateway": {}}
         if args.side_by_side:
             variants["gateway_off"] = SIDE_BY_SIDE[args.side_by_side][1]
@@ -285,6 +296,7 @@ def main() -> int:
                                       AGW_GATEWAY_HISTORY_WINDOW_STEP=str(window.history_window_step), **env)
             started.append(gateway)
             ports[name] = gateway.wait_serving()
+        lower_priority(args.backend_nice)
         results = asyncio.run(run(ports, tls, args.turns, args.concurrency, window, sampling(args.max_tokens, args.temperature)))
 
     table, stats = [], {}

@@ -20,6 +20,7 @@ import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+import contextlib
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -374,6 +375,24 @@ def run(app: ServiceApp, settings: ServiceSettings, **kwargs) -> int:
         provider.shutdown()  # flushes spans still batched
 
 
+def lower_priority(nice: int) -> None:
+    """Every thread of this process at niceness ``nice`` or more; threads and processes started later inherit it.
+
+    Linux keeps a niceness per thread, and imports (PyTorch, vLLM) may have
+    started some already, so each is set, not only the caller. Raising
+    niceness needs no privilege.
+    """
+    if nice <= 0:
+        return
+    try:
+        threads = [int(tid) for tid in os.listdir("/proc/self/task")]
+    except OSError:  # no /proc: this thread, and what it starts
+        threads = [0]
+    for tid in threads:
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            os.setpriority(os.PRIO_PROCESS, tid, max(nice, os.getpriority(os.PRIO_PROCESS, tid)))
+
+
 def main_for(settings_cls: type[S], make_app: Callable[[S], ServiceApp], **overrides) -> int:
     """A service's ``main()``: read and check settings, then run until signalled.
 
@@ -388,4 +407,5 @@ def main_for(settings_cls: type[S], make_app: Callable[[S], ServiceApp], **overr
     except (SettingsError, TlsConfigError, ValueError) as exc:
         print(f"{settings_cls.__module__.split('.')[0]}: {exc}", file=sys.stderr)
         return 2
+    lower_priority(settings.nice)  # before the app starts its threads and processes (vLLM's engine)
     return run(app, settings)

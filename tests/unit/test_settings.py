@@ -84,3 +84,10 @@ def test_watch_load_interval_is_the_callers_within_the_least_and_a_minute():
     assert watch_interval_s(50, 100) == 0.1  # raised to the least
     assert watch_interval_s(2_000, 100) == 2.0  # the caller's
     assert watch_interval_s(4_000_000_000, 100) == 60.0  # lowered to a minute
+
+
+@pytest.mark.parametrize("value", ["-1", "20"])
+def test_a_niceness_outside_0_to_19_is_refused_naming_the_variable(monkeypatch, value):
+    monkeypatch.setenv("AGW_DEMO_NICE", value)
+    with pytest.raises(SettingsError, match="AGW_DEMO_NICE"):
+        load_settings(DemoSettings)

@@ -1,0 +1,37 @@
+"""AGW_<SERVICE>_NICE: a service lowers its own priority at start, every thread of it, before serving."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from agentgw.supervisor import ServiceProcess
+
+pytestmark = pytest.mark.e2e
+
+
+def _thread_niceness(pid: int) -> dict[int, int]:
+    """Each thread's niceness, from /proc/<pid>/task/<tid>/stat (field 19, after the parenthesised name)."""
+    nices = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        nices[int(tid)] = int(stat.rpartition(")")[2].split()[16])
+    return nices
+
+
+def test_a_service_started_with_a_niceness_serves_with_every_thread_at_it(tmp_path, pki):
+    retrieval = ServiceProcess("retrieval.main", tmp_path / "retrieval", pki.root, "AGW_RETRIEVAL_",
+                               env={"AGW_HOME": str(tmp_path / "home"), "AGW_RETRIEVAL_NICE": "4"})
+    try:
+        retrieval.wait_serving(120)
+        nices = _thread_niceness(retrieval.pid)
+        # The event loop, the embedder's and the store's pools, gRPC's own threads: started before the setting
+        # was read (imports) or after, all at 4.
+        assert len(nices) > 3 and set(nices.values()) == {4}, nices
+    finally:
+        retrieval.stop(5)
