@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 
 import grpc
 import statistics
@@ -57,6 +58,7 @@ from gateway.settings import GatewaySettings
 from retrieval.convert import passage_to_proto
 from retrieval.ingest import sample_corpus
 from servicekit import ChannelSpec, ClientTls, load_settings, open_channel, wait_ready
+from servicekit.procfs import thread_runqueue_wait_s
 from servicekit.server import lower_priority
 from servicekit.tasks import cancel_and_wait
 
@@ -125,6 +127,14 @@ async def loop_lag(samples: list[float], every_s: float = 0.005) -> None:
         started = time.perf_counter()
         await asyncio.sleep(every_s)
         samples.append((time.perf_counter() - started - every_s) * 1000)
+
+
+def _wait_ms_per_s(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict[str, float]:
+    """This process's threads' wait for a CPU over a run, ms per second of it: the event loop's (``main``) and
+    the rest's (gRPC's own threads)."""
+    waited = {name: after[name] - before.get(name, 0.0) for name in after}
+    loop = waited.pop("main", 0.0)
+    return {"loop": loop * 1000 / wall_s, "other_threads": sum(waited.values()) * 1000 / wall_s}
 
 
 #: The second gateway's tenant (--side-by-side): its own collections and prefix-cache partition.
@@ -236,7 +246,10 @@ async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], w
 
             rows["client_lag"] = []
             probe = asyncio.create_task(loop_lag(rows["client_lag"]))
+            waited, started = thread_runqueue_wait_s(os.getpid()), time.perf_counter()
             await asyncio.gather(*(worker(i) for i in range(concurrency)))
+            rows["client_wait"] = _wait_ms_per_s(waited, thread_runqueue_wait_s(os.getpid()),
+                                                 time.perf_counter() - started)
             await cancel_and_wait(probe)
             results[concurrency] = rows
         return results
@@ -259,6 +272,7 @@ def _gateway_stats(rows: dict, path: str, suffix: str) -> dict:
             "engine_ttft_p50": {"gateway": statistics.median(r["engine_ttft"] for r in g),
                                 "direct": statistics.median(r["engine_ttft"] for r in d)},
             "edge": summary([r["edge"] for r in g]), "client_loop_lag": summary(rows["client_lag"]),
+            "client_runqueue_wait_ms_per_s": rows["client_wait"],
             "refused": len(rows["refused" + suffix]),
             "failed": sorted(rows["failed" + suffix]),
             "uncached_tokens_p50": {"gateway": statistics.median(r["prompt"] - r["cached"] for r in g),
@@ -273,7 +287,9 @@ def _report(concurrency: int, label: str, s: dict) -> None:
           f"of the first token {s['gateway_share_p50']:+.2f} ms (goal <= +2 ms); paired per turn: p50 "
           f"{paired['p50']:+.2f}, p95 {paired['p95']:+.2f} ms; of which outside the gateway's clock (way in, first "
           f"token out) p50 {s['edge']['p50']:.2f} ms (the bench client's own loop lag p50 "
-          f"{s['client_loop_lag']['p50']:.2f}, p99 {s['client_loop_lag']['p99']:.2f}); uncached prompt tokens p50: "
+          f"{s['client_loop_lag']['p50']:.2f}, p99 {s['client_loop_lag']['p99']:.2f}; its threads' wait for a CPU, "
+          f"ms per s: loop {s['client_runqueue_wait_ms_per_s']['loop']:.0f}, gRPC's "
+          f"{s['client_runqueue_wait_ms_per_s']['other_threads']:.0f}); uncached prompt tokens p50: "
           f"gateway {s['uncached_tokens_p50']['gateway']:.0f}, direct {s['uncached_tokens_p50']['direct']:.0f}")
     print(f"     paired share p99 {paired['p99']:+.2f} ms; gateway TTFT p99 {s['gateway_ttft']['p99']:.2f} ms vs "
           f"direct {s['direct_ttft']['p99']:.2f} ms ({s['gateway_ttft']['p99'] / s['direct_ttft']['p99']:.2f}x); "

@@ -102,14 +102,24 @@ def thread_cpu_s(pid: int, proc: Path = Path("/proc")) -> dict[str, float]:
     """On-CPU seconds of each live thread of process ``pid``, summed by thread name, the main thread (an
     asyncio service's event loop) as ``main`` (``/proc/<pid>/task/<tid>/schedstat``, in nanoseconds where
     ``stat`` counts clock ticks). Threads that ended are not counted; empty if the process is gone."""
+    return _thread_schedstat_s(pid, 0, proc)
+
+
+def thread_runqueue_wait_s(pid: int, proc: Path = Path("/proc")) -> dict[str, float]:
+    """Seconds each live thread of process ``pid`` spent runnable but waiting for a CPU, summed by thread name as
+    :func:`thread_cpu_s` sums them."""
+    return _thread_schedstat_s(pid, 1, proc)
+
+
+def _thread_schedstat_s(pid: int, field: int, proc: Path) -> dict[str, float]:
     found: dict[str, float] = {}
     for task in (proc / str(pid) / "task").glob("*"):
         try:
             name = "main" if task.name == str(pid) else (task / "comm").read_text().strip()
-            on_cpu_ns = int((task / "schedstat").read_text().split()[0])
+            nanoseconds = int((task / "schedstat").read_text().split()[field])
         except (OSError, IndexError, ValueError):  # the thread ended meanwhile
             continue
-        found[name] = found.get(name, 0.0) + on_cpu_ns / 1e9
+        found[name] = found.get(name, 0.0) + nanoseconds / 1e9
     return found
 
 

@@ -10,7 +10,13 @@ import time
 
 from agentgw.connection import Connection
 from agentgw.doctor import Doctor, Status
-from servicekit.procfs import autogroups_enabled, cpu_scheduling_group, runqueue_wait_s, thread_cpu_s
+from servicekit.procfs import (
+    autogroups_enabled,
+    cpu_scheduling_group,
+    runqueue_wait_s,
+    thread_cpu_s,
+    thread_runqueue_wait_s,
+)
 
 _HOG = "import os, time\nos.sched_setaffinity(0, {{{cpu}}})\nend = time.time() + {seconds}\nwhile time.time() < end: pass\n"
 
@@ -53,14 +59,19 @@ time.sleep(30)
 """
 
 
-def test_thread_cpu_names_the_main_thread_and_counts_each_thread_apart():
-    process = subprocess.Popen([sys.executable, "-c", _BUSY_THREAD], stdout=subprocess.PIPE, text=True)
+def _read_once_done(script: str, read):
+    """``read(pid)`` of a new interpreter running ``script``, once it prints "done"; the process is killed after."""
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout.readline().strip() == "done"
-        threads = thread_cpu_s(process.pid)
+        return read(process.pid)
     finally:
         process.kill()
         process.wait()
+
+
+def test_thread_cpu_names_the_main_thread_and_counts_each_thread_apart():
+    threads = _read_once_done(_BUSY_THREAD, thread_cpu_s)
     # To the nanosecond, where /proc/<pid>/stat counts 10 ms ticks of the whole process: the main thread's
     # spin (and start-up's imports), and the worker's apart, under its name (a Python thread keeps the
     # process's command name).
@@ -69,6 +80,34 @@ def test_thread_cpu_names_the_main_thread_and_counts_each_thread_apart():
     assert 0.2 <= main < 0.6
     assert 0.6 <= worker < 0.9
     assert thread_cpu_s(999999999) == {}
+
+
+_SHARING_ONE_CPU = """
+import os, subprocess, sys, threading, time
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one CPU, which the child below inherits
+rivals = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]  # on that CPU too
+threading.Thread(target=time.sleep, args=(30,), daemon=True).start()  # a thread that only sleeps
+time.sleep(0.3)  # the rivals are running
+end = time.thread_time() + 0.4
+while time.thread_time() < end:
+    pass
+for rival in rivals:
+    rival.kill()
+print("done", flush=True)
+time.sleep(30)
+"""
+
+
+def test_a_thread_sharing_its_cpu_counts_its_wait_and_a_sleeping_one_none():
+    waits = _read_once_done(_SHARING_ONE_CPU, thread_runqueue_wait_s)
+    # 0.4 s of CPU on a CPU shared with two spinning processes: the scheduler gave each about a third, so the
+    # main thread waited about twice as long as it ran (more than all its CPU, imports included). The sleeping
+    # thread was never runnable.
+    main = waits.pop("main")
+    [(_name, sleeper)] = waits.items()
+    assert main >= 0.6, main
+    assert sleeper < 0.05, sleeper
+    assert thread_runqueue_wait_s(999999999) == {}
 
 
 def test_an_unknown_thread_reads_as_none():
