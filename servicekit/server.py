@@ -20,8 +20,7 @@ import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-import contextlib
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -389,7 +388,7 @@ def lower_priority(nice: int) -> None:
     except OSError:  # no /proc: this thread, and what it starts
         threads = [0]
     for tid in threads:
-        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+        with suppress(OSError):  # a thread that ended meanwhile
             os.setpriority(os.PRIO_PROCESS, tid, max(nice, os.getpriority(os.PRIO_PROCESS, tid)))
 
 

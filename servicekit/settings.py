@@ -74,6 +74,10 @@ class ServiceSettings(BaseSettings):
     log_level: str = deployment_field(
         "INFO", "log_level", pattern="^(DEBUG|INFO|WARNING|ERROR)$", description="DEBUG, INFO, WARNING or ERROR."
     )
+    nice: int = Field(
+        0, ge=0, le=19, description="Scheduling niceness the process (and what it starts) takes at start, 0-19. On "
+        "a host the whole stack shares, backends at 5 shorten the gateway's wait for a CPU and the turns' p99, and "
+        "lengthen their p50 (docs/benchmarks.md, \"The backends at nice 5\"); 0 by default.")
     metrics_port: int | None = Field(
         None, ge=0, le=65535, description="Serve Prometheus metrics on this port (/metrics); unset: no metrics endpoint."
     )
@@ -102,10 +106,6 @@ class ServiceSettings(BaseSettings):
     allowed_clients: str = Field(
         "service/gateway,operator/*", description="Identities allowed to call this service, comma-separated "
         "kind/name patterns (* matches any name). Health answers any verified certificate.")
-    nice: int = Field(
-        0, ge=0, le=19, description="Scheduling niceness the process (and what it starts) takes at start, 0-19. On "
-        "a host the whole stack shares, backends at 5 shorten the gateway's wait for a CPU and the turns' p99, and "
-        "lengthen their p50 (docs/benchmarks.md, \"The backends at nice 5\"); 0 by default.")
     denied_clients_file: Path | None = Field(
         None, description="File of identities (kind/name) or certificate serials (hex) to refuse, one per line; "
         "read again when it changes, no restart.")
