@@ -164,7 +164,7 @@ async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], w
         await wait_ready(inf_channel, timeout_s=30, target="inference")
         gateway = stubs["gateway"]
         inference = inference_pb2_grpc.InferenceStub(inf_channel)
-        results = {}
+        results = []
         for concurrency in levels:
             sessions = {path: [(await stub.CreateSession(pb.CreateSessionRequest(), timeout=5)).session.id
                                for _ in range(concurrency)] for path, stub in stubs.items()}
@@ -251,7 +251,7 @@ async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], w
             rows["client_wait"] = _wait_ms_per_s(waited, thread_runqueue_wait_s(os.getpid()),
                                                  time.perf_counter() - started)
             await cancel_and_wait(probe)
-            results[concurrency] = rows
+            results.append((concurrency, rows))
         return results
 
 
@@ -290,9 +290,20 @@ def _goal(goals: dict, concurrency: int) -> str:
     return f" ({goals[concurrency]})" if concurrency in goals else ""
 
 
-def _report(concurrency: int, label: str, s: dict) -> None:
+def level_labels(levels: list[int]) -> list[str]:
+    """Each level's name in the report: its concurrency, and which run of it when a level is given more than once
+    (a repeat finds the earlier run's passages and questions in the prefix cache)."""
+    seen: dict[int, int] = {}
+    labels = []
+    for level in levels:
+        seen[level] = seen.get(level, 0) + 1
+        labels.append(str(level) if seen[level] == 1 else f"{level} (run {seen[level]})")
+    return labels
+
+
+def _report(level: str, concurrency: int, label: str, s: dict) -> None:
     paired = s["paired_share"]
-    print(f"c={concurrency} {label}: max(history, retrieval) p50 {s['history_retrieval_p50']:.2f} ms (history p50 "
+    print(f"c={level} {label}: max(history, retrieval) p50 {s['history_retrieval_p50']:.2f} ms (history p50 "
           f"{s['history']['p50']:.2f}, p99 {s['history']['p99']:.2f}; retrieval p50 {s['retrieval']['p50']:.2f}, p99 "
           f"{s['retrieval']['p99']:.2f}); gateway share "
           f"of the first token {s['gateway_share_p50']:+.2f} ms{_goal(SHARE_GOALS, concurrency)}; paired per turn: p50 "
@@ -315,7 +326,9 @@ def _report(concurrency: int, label: str, s: dict) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=50, help="turns per path and concurrency level")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64], help="concurrency levels")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64],
+                        help="concurrency levels, in order; a level given twice runs twice, and the second run finds "
+                             "the first's passages and questions in the prefix cache")
     parser.add_argument("--window-step", type=int, default=None,
                         help="AGW_GATEWAY_HISTORY_WINDOW_STEP for the gateway (2: the window slides every turn)")
     parser.add_argument("--side-by-side", choices=sorted(SIDE_BY_SIDE), nargs="?", const="early",
@@ -351,33 +364,34 @@ def main() -> int:
 
     table, stats = [], {}
     off_label = SIDE_BY_SIDE[args.side_by_side][0] if args.side_by_side else ""
-    for concurrency, rows in results.items():
-        stats[concurrency] = _gateway_stats(rows, "gateway", "")
+    for level, (concurrency, rows) in zip(level_labels(args.concurrency), results):
+        stats[level] = _gateway_stats(rows, "gateway", "")
+        stats[level]["concurrency"] = concurrency
         if "gateway_off" in rows:
-            stats[concurrency]["off"] = _gateway_stats(rows, "gateway_off", "_off")
-        paths = [("gateway Chat", stats[concurrency])]
-        if "off" in stats[concurrency]:
-            paths.append((f"gateway Chat, {off_label}", stats[concurrency]["off"]))
+            stats[level]["off"] = _gateway_stats(rows, "gateway_off", "_off")
+        paths = [("gateway Chat", stats[level])]
+        if "off" in stats[level]:
+            paths.append((f"gateway Chat, {off_label}", stats[level]["off"]))
         for name, s in paths:
-            table.append({"conc": concurrency, "path": name, "turns": s["gateway_ttft"]["n"], "refused": s["refused"],
+            table.append({"conc": level, "path": name, "turns": s["gateway_ttft"]["n"], "refused": s["refused"],
                           "share p50": s["paired_share"]["p50"], "share p99": s["paired_share"]["p99"],
                           "TTFT p50": s["gateway_ttft"]["p50"], "TTFT p95": s["gateway_ttft"]["p95"],
                           "TTFT p99": s["gateway_ttft"]["p99"], "total p50": s["gateway_total"]["p50"],
                           "total p99": s["gateway_total"]["p99"]})
-        direct = stats[concurrency]
-        table.append({"conc": concurrency, "path": "direct Generate", "turns": direct["direct_ttft"]["n"],
+        direct = stats[level]
+        table.append({"conc": level, "path": "direct Generate", "turns": direct["direct_ttft"]["n"],
                       "TTFT p50": direct["direct_ttft"]["p50"], "TTFT p95": direct["direct_ttft"]["p95"],
                       "TTFT p99": direct["direct_ttft"]["p99"], "total p50": direct["direct_total"]["p50"],
                       "total p99": direct["direct_total"]["p99"]})
     print_table(f"agent turn: first token and total, ms ({args.max_tokens} tokens, smoke model)", table,
                 ["conc", "path", "turns", "refused", "share p50", "share p99", "TTFT p50", "TTFT p95", "TTFT p99",
                  "total p50", "total p99"])
-    for concurrency, s in stats.items():
-        _report(concurrency, "gateway", s)
+    for level, s in stats.items():
+        _report(level, s["concurrency"], "gateway", s)
         if "off" in s:
-            _report(concurrency, f"gateway, {off_label}", s["off"])
+            _report(level, s["concurrency"], f"gateway, {off_label}", s["off"])
     print(f"command: {command_line()}")
-    write_json(args.json, {"stats": {str(k): v for k, v in stats.items()}})
+    write_json(args.json, {"stats": stats})
     return 0
 
 
