@@ -22,7 +22,7 @@ import statistics
 import time
 from pathlib import Path
 
-from chat_turn import SAMPLING, _documents
+from chat_turn import _documents, sampling
 from harness import backend_processes, command_line, dev_pki, gateway_process, print_table, scratch_dir, write_json
 
 from agent.gateway.v1 import gateway_pb2 as pb
@@ -30,6 +30,8 @@ from agent.gateway.v1 import gateway_pb2_grpc
 from servicekit import ChannelSpec, ClientTls, open_channel, wait_ready
 
 QUESTION = "What does the with statement do?"
+#: chat_turn.py's answer (16 tokens, greedy), so a turn here is one of its turns.
+SAMPLING = sampling(16, 0.0)
 
 
 def _cpu_and_wait_ms(pids: list[int]) -> tuple[float, float]:
