@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
@@ -13,14 +12,13 @@ pytestmark = pytest.mark.e2e
 
 
 def _thread_niceness(pid: int) -> dict[int, int]:
-    """Each thread's niceness, from /proc/<pid>/task/<tid>/stat (field 19, after the parenthesised name)."""
+    """Each live thread's niceness (Linux keeps one per thread, and getpriority reads it by thread id)."""
     nices = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
+    for tid in map(int, os.listdir(f"/proc/{pid}/task")):
         try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+            nices[tid] = os.getpriority(os.PRIO_PROCESS, tid)
         except OSError:  # the thread ended meanwhile
             continue
-        nices[int(tid)] = int(stat.rpartition(")")[2].split()[16])
     return nices
 
 
