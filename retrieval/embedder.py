@@ -22,27 +22,36 @@ from retrieval.batching import MicroBatcher
 
 log = logging.getLogger(__name__)
 
-#: The smallest pass, in padded characters (:func:`padded_chars`), whose
-#: matrix products run in bfloat16: below it the casts cost more than they
-#: save. all-MiniLM-L6-v2 on one Sapphire Rapids core, median of 21 passes,
-#: bfloat16 / fp32 time: one 80-character query 1.3x, six 32-character
-#: queries 1.03, eight 0.97, ten 0.83; three 64-character texts 0.97, four
-#: 0.91, six 0.77; twelve 16-character queries 0.78; sixty-four 80-character
-#: texts 0.34 (docs/benchmarks.md). The crossover sits at 220-300 padded
-#: characters whatever the texts' length, once each text counts its two
-#: special tokens.
-BF16_MIN_PADDED_CHARS = 256
+#: On a CPU with AMX tiles, the smallest pass, in padded characters
+#: (:func:`padded_chars`), whose matrix products run in bfloat16: below it
+#: the tile set-up and casts cost more than they save. all-MiniLM-L6-v2 on
+#: one Sapphire Rapids core, median of 21 passes, bfloat16 / fp32 time: one
+#: 80-character query 1.3x, six 32-character queries 1.03, eight 0.97, ten
+#: 0.83; three 64-character texts 0.97, four 0.91, six 0.77; twelve
+#: 16-character queries 0.78; sixty-four 80-character texts 0.34
+#: (docs/benchmarks.md). The crossover sits at 220-300 padded characters
+#: whatever the texts' length, once each text counts its two special tokens.
+AMX_MIN_PADDED_CHARS = 256
+#: Where the CPU has AVX512_BF16 but no AMX (AMD Zen 4 and 5, Cooper Lake),
+#: oneDNN's bfloat16 kernels win at every size: on one Zen 5 core, one
+#: 8-character query 0.88x fp32's time, one 32-character query 0.76, eight
+#: 0.53, thirty-two 51-character queries 0.37 (docs/benchmarks.md).
+AVX512_BF16_MIN_PADDED_CHARS = 0
 #: What each text adds to a pass beyond its characters: the tokenizer's [CLS]
 #: and [SEP], about eight characters' worth at four characters a token.
 _SPECIAL_TOKEN_CHARS = 8
 
 
-def cpu_has_amx() -> bool:
-    """Whether this CPU has AMX tiles, where PyTorch's bfloat16 matrix products run natively (oneDNN)."""
+def cpu_bf16_kind() -> str:
+    """How this CPU runs PyTorch's bfloat16 matrix products (oneDNN): ``amx``, ``avx512_bf16`` or ``emulated``."""
     import torch
 
-    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)  # private, hence the guard: absent means no
-    return bool(probe and probe())
+    # Private probes, hence the guards: absent means no.
+    for kind, probe in (("amx", "_is_amx_tile_supported"), ("avx512_bf16", "_is_avx512_bf16_supported")):
+        supported = getattr(torch.cpu, probe, None)
+        if supported and supported():
+            return kind
+    return "emulated"
 
 
 def padded_chars(texts: Sequence[str]) -> int:
@@ -50,16 +59,22 @@ def padded_chars(texts: Sequence[str]) -> int:
     return len(texts) * (max(map(len, texts), default=0) + _SPECIAL_TOKEN_CHARS)
 
 
-def bf16_pays(texts: Sequence[str]) -> bool:
-    """Whether a pass over ``texts`` is large enough for bfloat16 to be the faster (:data:`BF16_MIN_PADDED_CHARS`)."""
-    return padded_chars(texts) >= BF16_MIN_PADDED_CHARS
+def bf16_min_padded_chars(mode: str, cpu: str) -> int | None:
+    """The smallest pass (:func:`padded_chars`) run in bfloat16, or ``None`` for fp32 always.
 
-
-def use_bf16(mode: str) -> bool:
-    """``AGW_RETRIEVAL_EMBED_BF16``'s meaning on this machine (``auto``: where the CPU has AMX)."""
+    Args:
+        mode: ``AGW_RETRIEVAL_EMBED_BF16``: ``auto`` (where the CPU runs
+            bfloat16 natively), ``on`` (also where it is emulated, and slower:
+            for tests and comparisons) or ``off``.
+        cpu: :func:`cpu_bf16_kind`'s answer.
+    """
     if mode not in ("auto", "on", "off"):
         raise ValueError(f"embed bf16 mode must be auto, on or off (got {mode!r})")
-    return mode == "on" or (mode == "auto" and cpu_has_amx())
+    if cpu not in ("amx", "avx512_bf16", "emulated"):
+        raise ValueError(f"unknown CPU bfloat16 kind {cpu!r}")
+    if mode == "off" or (mode == "auto" and cpu == "emulated"):
+        return None
+    return AVX512_BF16_MIN_PADDED_CHARS if cpu == "avx512_bf16" else AMX_MIN_PADDED_CHARS
 
 
 def default_model_path() -> Path:
@@ -72,10 +87,11 @@ class Embedder:
     """Encodes texts on its own thread pool; build it with :meth:`load`."""
 
     def __init__(self, model, executor: ThreadPoolExecutor, name: str, query_batch: int,
-                 cache_entries: int = 20_000, bf16: bool = False) -> None:
+                 cache_entries: int = 20_000, bf16_min_chars: int | None = None) -> None:
         self._model = model
-        #: Whether passes of BF16_MIN_PADDED_CHARS or more run their matrix products in bfloat16.
-        self.bf16 = bf16
+        #: The smallest pass (padded characters) whose matrix products run in
+        #: bfloat16; None: every pass in fp32 (:func:`bf16_min_padded_chars`).
+        self.bf16_min_chars = bf16_min_chars
         self._executor = executor
         self.name = name
         self._queries = MicroBatcher(self.embed, query_batch)
@@ -95,7 +111,7 @@ class Embedder:
         """Load the model on the embedder's own thread pool.
 
         Args:
-            bf16: ``auto``, ``on`` or ``off`` (:func:`use_bf16`).
+            bf16: ``auto``, ``on`` or ``off`` (:func:`bf16_min_padded_chars`).
         """
         executor = ThreadPoolExecutor(threads, thread_name_prefix="embedder")
         path = Path(model_path) if model_path else None
@@ -114,18 +130,28 @@ class Embedder:
             folder = path or default_model_path()
             if not folder.exists():
                 raise FileNotFoundError(f"AGW_EMBED_MODEL: no model folder at {folder}")
-            return SentenceTransformer(str(folder), device="cpu"), folder, use_bf16(bf16)
+            cpu = cpu_bf16_kind()
+            return SentenceTransformer(str(folder), device="cpu"), folder, cpu, bf16_min_padded_chars(bf16, cpu)
 
         started = time.perf_counter()
-        model, folder, half = await asyncio.get_running_loop().run_in_executor(executor, build)
-        log.info("embedder %s loaded in %.0f ms; matrix products in %s", folder.name,
+        model, folder, cpu, threshold = await asyncio.get_running_loop().run_in_executor(executor, build)
+        log.info("embedder %s loaded in %.0f ms; matrix products in %s (CPU bfloat16: %s)", folder.name,
                  (time.perf_counter() - started) * 1000,
-                 f"bfloat16 for passes of {BF16_MIN_PADDED_CHARS}+ padded characters" if half else "fp32")
-        return cls(model, executor, folder.name, query_batch, cache_entries, bf16=half)
+                 "fp32" if threshold is None else f"bfloat16 for passes of {threshold}+ padded characters", cpu)
+        return cls(model, executor, folder.name, query_batch, cache_entries, bf16_min_chars=threshold)
+
+    @property
+    def bf16(self) -> bool:
+        """Whether some passes (those of :attr:`bf16_min_chars` or more) run in bfloat16."""
+        return self.bf16_min_chars is not None
+
+    def runs_in_bf16(self, texts: Sequence[str]) -> bool:
+        """Whether a pass over ``texts`` runs its matrix products in bfloat16."""
+        return self.bf16_min_chars is not None and padded_chars(texts) >= self.bf16_min_chars
 
     def _encode(self, texts: Sequence[str], batch_size: int) -> list[list[float]]:
         self.texts_embedded += len(texts)
-        if self.bf16 and bf16_pays(texts):
+        if self.runs_in_bf16(texts):
             import torch
 
             # Autocast, not bfloat16 weights: the matrix products run in bfloat16,
@@ -187,7 +213,7 @@ class Embedder:
         text = "warm-up: the first real query must not pay for lazy initialisation"
         await self.embed([text])
         if self.bf16:  # the bfloat16 kernels are built on first use too
-            await self.embed([text] * (BF16_MIN_PADDED_CHARS // padded_chars([text]) + 1))
+            await self.embed([text] * (self.bf16_min_chars // padded_chars([text]) + 1))
         return (time.perf_counter() - started) * 1000
 
     async def close(self) -> None:
