@@ -250,7 +250,7 @@ def tls_checks(connection: Connection) -> list[Check]:
 # -- retrieval -----------------------------------------------------------------
 
 async def retrieval_checks(connection: Connection, collections: list[str]) -> list[Check]:
-    from gateway.tenancy import physical_collection
+    from servicekit.tenancy import physical_collection
 
     checks = []
     async with connection.gateway_channel() as gateway_channel, \

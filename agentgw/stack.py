@@ -103,7 +103,7 @@ def _ports(name: str, settings_cls) -> tuple[int, int]:
 async def _ingest_sample(connection: Connection) -> int:
     from agent.gateway.v1 import gateway_pb2, gateway_pb2_grpc
     from agent.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
-    from gateway.tenancy import physical_collection
+    from servicekit.tenancy import physical_collection
     from retrieval.convert import passage_to_proto
     from retrieval.ingest import sample_corpus
 

@@ -49,10 +49,10 @@ from agent.gateway.v1 import gateway_pb2 as pb
 from agent.retrieval.v1 import retrieval_pb2
 from gateway.admission import Admission
 from gateway.backends import Deadlines
-from gateway.bounds import Bounds
+from servicekit.bounds import Bounds
 from gateway.service import GatewayApp, GatewayServicer, _RESPONSE_FIELD
 from gateway.settings import GatewaySettings
-from gateway.tenancy import current_tenant
+from servicekit.tenancy import current_tenant, scoped_search
 from servicekit import interceptors
 from servicekit.passthrough import wrap
 from servicekit.server import authorizer_for
@@ -105,7 +105,7 @@ def _steps(context, settings: GatewaySettings) -> dict[str, Callable[[], object]
         "admission (one-hop call: on the server span)": admission,
         "admission as a span (Chat's stage)": admission_stage,
         "bounds.retrieve": lambda: bounds.retrieve(request),
-        "tenant scoping and clamp": lambda: servicer._scoped_search(current_tenant(), request),
+        "tenant scoping and clamp": lambda: scoped_search(settings, current_tenant(), request),
         "backend deadline": lambda: deadlines.for_call(context),
         "outgoing trace metadata": outgoing_metadata,
         "wrap the response": lambda: wrap(_RESPONSE_FIELD, payload),

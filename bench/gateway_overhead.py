@@ -61,7 +61,7 @@ from harness import (
 from agent.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from agent.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
-from gateway.tenancy import physical_collection
+from servicekit.tenancy import physical_collection
 from servicekit import ChannelSpec, ClientTls, open_channel, wait_ready
 from servicekit.procfs import cpu_seconds, descendants, runqueue_wait_s, thread_cpu_s
 from tests.support.servers import free_port

@@ -39,6 +39,7 @@ from servicekit.errors import (
 )
 from servicekit.tasks import cancel_and_wait
 from servicekit.telemetry import trace_id_hex
+from servicekit.tenancy import cache_salt_for, physical_collection
 
 from gateway.backends import Backends
 from gateway.database import Database
@@ -48,7 +49,6 @@ from gateway.convert import tool_calls_to_json
 from gateway.routing import prefix_key, session_key
 from gateway.prompt import conversation, generate_request, history_messages, turn_messages, user_turn
 from gateway.settings import GatewaySettings
-from gateway.tenancy import cache_salt_for, physical_collection
 from gateway.turn_metrics import DegradedCause, record_turn
 from gateway.turn_store import Claim, StoredTurn, TurnStore
 from gateway.turn_types import ContextReady, Delta, Finished, Outcome, StageTimes, ToolCalled, ToolResult, TurnRequest
@@ -72,7 +72,7 @@ def _over_context(error: ServiceError) -> bool:
 
 def _storable(text: str) -> str:
     """The model's text as Postgres can store it: its text and jsonb types cannot hold U+0000, which a model
-    may emit; it is stored as U+FFFD (a client's own text with NUL is refused at the edge, gateway.bounds)."""
+    may emit; it is stored as U+FFFD (a client's own text with NUL is refused at the edge, servicekit.bounds)."""
     return text.replace("\x00", "\ufffd")
 
 

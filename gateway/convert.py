@@ -116,7 +116,7 @@ def turn_fingerprint(request: pb.ChatRequest) -> str:
 
 
 def turn_request_from_proto(request: pb.ChatRequest) -> TurnRequest:
-    """A Chat request as the turn takes it, with the turn's own rules checked (sizes: gateway.bounds)."""
+    """A Chat request as the turn takes it, with the turn's own rules checked (sizes: servicekit.bounds)."""
     if not request.message.strip() and not request.tool_results:
         raise InvalidArgument("message", "is empty; send the user's message, tool_results, or both")
     tool_results = _tool_results(request)

@@ -22,25 +22,25 @@ from agent.gateway.v1 import gateway_pb2 as pb
 from agent.gateway.v1 import gateway_pb2_grpc
 from agent.inference.v1 import inference_pb2
 from agent.retrieval.v1 import retrieval_pb2
+from servicekit.bounds import Bounds
 from servicekit.errors import InvalidArgument, NotFound, ServiceError
 from servicekit.json_schema import SchemaVerdicts, check_schema
 from servicekit.metrics import counter, gauge, meter
 from servicekit.passthrough import add_service, wrap
 from servicekit.procfs import available_cpus, open_fds
 from servicekit.server import Health
+from servicekit.tenancy import DEV_IDENTITY, cache_salt_for, current_tenant, physical_collection, scoped_search
 
 from gateway.admission import Admission
 from gateway.backends import Backends, open_backends
 from gateway.replicas import Replica
 from gateway.routing import Reason, generate_key
-from gateway.bounds import Bounds
 from gateway.chat import ChatTurns, Clock
 from gateway.convert import message_to_proto, session_to_proto, turn_event_to_proto, turn_request_from_proto
 from gateway.database import embedded_postgres_url, open_database
 from gateway.sessions import Sessions
 from gateway.settings import GatewaySettings
 from gateway.stream_writer import CoalescingWriter, merge_text
-from gateway.tenancy import DEV_IDENTITY, cache_salt_for, current_tenant, physical_collection
 from gateway.turn_types import Delta
 
 log = logging.getLogger(__name__)
@@ -159,7 +159,7 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
         """A passthrough: the retrieval service's SearchResponse goes out as the bytes it sent."""
         tenant = self._tenant(context)
         self.bounds.retrieve(request)
-        search = self._scoped_search(tenant, request)
+        search = scoped_search(self.settings, tenant, request)
         with ExitStack() as slot:
             self._admit(slot, tenant)
             try:
@@ -169,25 +169,6 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
                     raise NotFound(f"collection {request.request.collection!r} does not exist") from None
                 raise
         return wrap(_RESPONSE_FIELD, response)
-
-    def _scoped_search(self, tenant: str, request: pb.RetrieveRequest) -> retrieval_pb2.SearchRequest:
-        """The search the retrieval service gets: in the tenant's own collection, clamped (:meth:`_clamp_search`)."""
-        search = retrieval_pb2.SearchRequest()
-        search.CopyFrom(request.request)
-        # The tenant decides the collection; nothing in the request can name another tenant's.
-        search.collection = physical_collection(tenant, request.request.collection, "request.collection")
-        self._clamp_search(search)
-        return search
-
-    def _clamp_search(self, search: retrieval_pb2.SearchRequest) -> None:
-        """A tenant's search stays on the index: exhaustive search is an operator's tool, and ef is capped."""
-        span = trace.get_current_span()
-        if search.exact:
-            search.exact = False
-            span.set_attribute("agw.retrieve.exact_clamped", True)
-        if search.HasField("hnsw_ef") and search.hnsw_ef > self.settings.max_hnsw_ef:
-            span.set_attribute("agw.retrieve.hnsw_ef_clamped_from", search.hnsw_ef)
-            search.hnsw_ef = self.settings.max_hnsw_ef
 
     async def IngestDocuments(self, request, context):
         tenant = self._tenant(context)

@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, model_validator
 
 from servicekit.procfs import available_cpus
+from servicekit.public_api import PublicApiSettings
 from servicekit.settings import (
     PLACEHOLDER_SECRETS,
     Port,
@@ -35,8 +36,8 @@ def default_workers(cpus: int) -> int:
     return max(1, int(cpus / CPUS_PER_WORKER))
 
 
-class GatewaySettings(ServiceSettings):
-    """The public port, the backends, pools, deadlines and admission."""
+class GatewaySettings(ServiceSettings, PublicApiSettings):
+    """The public port, the backends, pools, deadlines and admission; the public API's bounds (PublicApiSettings)."""
 
     model_config = prefixed_config("gateway")
 
@@ -117,37 +118,9 @@ class GatewaySettings(ServiceSettings):
     db_command_timeout_s: float = Field(5.0, gt=0, description="Deadline of each SQL command.")
     db_statement_cache_size: int = Field(100, ge=0, description="Prepared statements per connection; 0 for pgbouncer.")
 
-    max_message_chars: int = Field(
-        16_000, gt=0, description="Longest user message (Chat), prompt or chat message content (Generate), or query "
-        "text (Retrieve), in characters.")
-    max_system_prompt_chars: int = Field(16_000, gt=0, description="Longest Chat system_prompt, in characters.")
-    max_key_chars: int = Field(
-        128, gt=0, le=128, description="Longest identifier: idempotency keys, session ids, collection and payload "
-        "field names, filter keys and keywords, document ids, request ids, cache salts, metadata keys.")
-    max_chat_messages: int = Field(256, gt=0, description="Most chat messages in one Generate request.")
-    max_token_ids: int = Field(32_768, gt=0, description="Most token ids in one Generate request.")
-    max_stop_strings: int = Field(16, gt=0, description="Most stop strings in sampling parameters.")
-    max_stop_chars: int = Field(256, gt=0, description="Longest stop string, in characters.")
-    max_filter_conditions: int = Field(32, gt=0, description="Most conditions in one search filter (must and must_not).")
-    max_payload_fields: int = Field(32, gt=0, description="Most payload field names in one request.")
-    max_vector_dims: int = Field(4096, gt=0, description="Most values in one query or document vector.")
-    max_ingest_documents: int = Field(1000, gt=0, description="Most documents in one IngestDocuments request.")
-    max_document_chars: int = Field(32_000, gt=0, description="Longest document text, in characters.")
-    max_document_payload_bytes: int = Field(16_384, gt=0, description="Largest document payload, serialised.")
-    max_metadata_entries: int = Field(32, gt=0, description="Most session metadata entries.")
-    max_metadata_bytes: int = Field(8192, gt=0, description="Largest session metadata (keys and values, UTF-8).")
-    max_tools: int = Field(32, gt=0, description="Most tools in one Chat request.")
-    max_tool_description_chars: int = Field(2048, gt=0, description="Longest tool description, in characters.")
-    max_schema_bytes: int = Field(16_384, gt=0, description="Largest JSON Schema (a tool's parameters, a response "
-                                  "format), in bytes of JSON text.")
-    max_schema_depth: int = Field(16, gt=0, description="Deepest nesting of objects and arrays in a JSON Schema.")
-    max_tool_results: int = Field(32, gt=0, description="Most tool results in one Chat request.")
-    max_choice_values: int = Field(64, gt=0, description="Most strings in a structured-output choice.")
     client_trace: Literal["link", "continue"] = Field(
         "link", description="A tenant's W3C trace context: link (a new trace per call, the client's span as a link) "
         "or continue (one trace end to end). Either way the gateway decides sampling and drops baggage.")
-    max_hnsw_ef: int = Field(512, gt=0, description="A tenant's Retrieve hnsw_ef is capped here (exact search is "
-                             "turned off for tenants: an operator's tool).")
     max_sessions_per_tenant: int = Field(
         100_000, gt=0, description="Sessions one tenant may hold; past it CreateSession gets RESOURCE_EXHAUSTED.")
     max_concurrent_streams: int = Field(
@@ -173,9 +146,6 @@ class GatewaySettings(ServiceSettings):
         16, gt=0, multiple_of=2,
         description="The history window starts on a multiple of this many messages, so long sessions keep hitting "
         "the prefix cache; even, so the window opens on a user message.")
-    prefix_cache: Literal["tenant", "shared"] = Field(
-        "tenant", description="tenant: each tenant's prompts reuse only its own cached prefixes (no cross-tenant "
-        "timing signal); shared: all tenants share one prefix cache (a single-tenant deployment).")
     open_generate_early: bool = Field(
         True, description="Open each turn's inference call (OpenGenerate) while history and retrieval run, send the "
         "system prompt and history on it once loaded (tokenized while retrieval runs), and the request when the prompt "

@@ -15,7 +15,7 @@ from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from agent.retrieval.v1 import retrieval_pb2
 from retrieval.ingest import sample_corpus
 from servicekit import wait_ready
-from gateway.tenancy import physical_collection
+from servicekit.tenancy import physical_collection
 from servicekit.errors import retry_delay_s
 from servicekit.passthrough import raw_multicallable, unwrap
 from tests.support.gateway_stack import PeerRecorder, established_peers, gateway_server, gateway_stub

@@ -19,7 +19,7 @@ import pytest
 from agent.gateway.v1 import gateway_pb2 as pb
 from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from gateway.routing import Reason, rank, session_key
-from gateway.tenancy import cache_salt_for
+from servicekit.tenancy import cache_salt_for
 from tests.support.gateway_stack import gateway_server, gateway_stub
 from tests.support.grpc_client import mtls_channel
 from tests.support.inference_service import start_inference_service

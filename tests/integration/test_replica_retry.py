@@ -15,7 +15,7 @@ import pytest
 from agent.gateway.v1 import gateway_pb2 as pb
 from agent.inference.v1 import inference_pb2
 from gateway.routing import prefix_key, rank, session_key
-from gateway.tenancy import cache_salt_for
+from servicekit.tenancy import cache_salt_for
 from tests.support.gateway_stack import gateway_server, gateway_stub
 from tests.support.retrieval_service import retrieval_server
 from tests.support.servers import scripted_app

@@ -10,7 +10,7 @@ import pytest
 from agent.inference.v1 import inference_pb2
 from gateway.admission import Admission
 from gateway.backends import Deadlines, StartedStream
-from gateway.tenancy import cache_salt_for, physical_collection, tenant_cache_salt, tenant_collection
+from servicekit.tenancy import cache_salt_for, physical_collection, tenant_cache_salt, tenant_collection
 from servicekit.channels import ChannelSpec
 from servicekit.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, ServiceError
 from servicekit.pool import ChannelPool

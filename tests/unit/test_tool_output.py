@@ -173,7 +173,7 @@ def test_a_history_window_of_a_tool_loop_starts_on_a_user_message():
      "AGW_GATEWAY_MAX_CHOICE_VALUES"),
 ])
 def test_every_new_chat_field_has_a_bound_named_in_its_refusal(request_, field, says):
-    from gateway.bounds import Bounds
+    from servicekit.bounds import Bounds
     from gateway.settings import GatewaySettings
 
     bounds = Bounds(GatewaySettings(max_tool_results=2, max_message_chars=100, max_tool_description_chars=10,
@@ -185,7 +185,7 @@ def test_every_new_chat_field_has_a_bound_named_in_its_refusal(request_, field, 
 
 
 def test_generate_passthrough_bounds_tools_and_calls():
-    from gateway.bounds import Bounds
+    from servicekit.bounds import Bounds
     from gateway.settings import GatewaySettings
 
     bounds = Bounds(GatewaySettings(max_tools=1, max_message_chars=100))

@@ -1,12 +1,13 @@
-"""A bound on every string, list and map of every public request, checked at the gateway's edge.
+"""A bound on every string, list and map of every public request, checked where the request is served.
 
 Each check names the field (as the proto spells its path), its size, the
 limit and the setting that changes it, as ``INVALID_ARGUMENT``: a client
 learns what to fix without reading our code. Checks run before admission and
-before any backend call, so an oversized request costs the gateway a length
-check, not a backend's CPU. The limits themselves are GatewaySettings fields
-(``AGW_GATEWAY_MAX_*``), listed in the README and in docs/architecture.md's
-security model; the public port also refuses any message over
+before any backend call, so an oversized request costs the server a length
+check, not a backend's CPU. The limits themselves are PublicApiSettings
+fields (``AGW_GATEWAY_MAX_*``, read by every service that serves a public
+method), listed in the README and in docs/architecture.md's security model;
+the gateway's public port also refuses any message over
 ``AGW_GATEWAY_MAX_RECEIVE_BYTES`` before it is decoded.
 """
 
@@ -20,8 +21,7 @@ from agent.inference.v1 import inference_pb2
 from agent.retrieval.v1 import retrieval_pb2
 from servicekit.errors import InvalidArgument
 from servicekit.json_schema import parse_schema
-
-from gateway.settings import GatewaySettings
+from servicekit.public_api import PublicApiSettings
 
 
 MAX_SESSION_ID_CHARS = 64
@@ -36,7 +36,7 @@ def _setting(name: str) -> str:
 class Bounds:
     """The public API's limits, from the gateway's settings."""
 
-    def __init__(self, settings: GatewaySettings) -> None:
+    def __init__(self, settings: PublicApiSettings) -> None:
         self.settings = settings
 
     # -- primitives ------------------------------------------------------------------

@@ -14,9 +14,14 @@ from __future__ import annotations
 
 import re
 
+from opentelemetry import trace
+
+from agent.gateway.v1 import gateway_pb2
+from agent.retrieval.v1 import retrieval_pb2
 from servicekit.authz import caller
 from servicekit.errors import InvalidArgument, PermissionDenied
 from servicekit.identity import DEFAULT_TENANT, Identity
+from servicekit.public_api import PublicApiSettings
 
 _COLLECTION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 DEV_TENANT = DEFAULT_TENANT
@@ -68,3 +73,23 @@ def cache_salt_for(prefix_cache: str, tenant: str, requested: str = "") -> str:
     ``shared``: the client's salt as sent (empty: the shared cache).
     """
     return tenant_cache_salt(tenant, requested) if prefix_cache == "tenant" else requested
+
+
+def scoped_search(api: PublicApiSettings, tenant: str, request: gateway_pb2.RetrieveRequest) -> retrieval_pb2.SearchRequest:
+    """The search a tenant's ``Retrieve`` becomes: in the tenant's own collection, kept on the index, ef capped.
+
+    Exhaustive search is an operator's tool, and ``hnsw_ef`` is capped at
+    ``AGW_GATEWAY_MAX_HNSW_EF``; each clamp is recorded on the current span.
+    """
+    search = retrieval_pb2.SearchRequest()
+    search.CopyFrom(request.request)
+    # The tenant decides the collection; nothing in the request can name another tenant's.
+    search.collection = physical_collection(tenant, request.request.collection, "request.collection")
+    span = trace.get_current_span()
+    if search.exact:
+        search.exact = False
+        span.set_attribute("agw.retrieve.exact_clamped", True)
+    if search.HasField("hnsw_ef") and search.hnsw_ef > api.max_hnsw_ef:
+        span.set_attribute("agw.retrieve.hnsw_ef_clamped_from", search.hnsw_ef)
+        search.hnsw_ef = api.max_hnsw_ef
+    return search
