@@ -185,6 +185,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="gateway only: processes sharing the port (default: one per 1.25 usable CPUs)")
     serve.set_defaults(func=_serve)
 
+    edge = commands.add_parser("edge-config", help="write Envoy's config for the edge: the public port, Generate and "
+                               "Retrieve straight to the backends, the rest to the gateway")
+    from agentgw.edge_cli import add_arguments as add_edge_arguments
+
+    add_edge_arguments(edge)
+
     up = commands.add_parser("up", help="run the whole stack locally (embedded Postgres, Qdrant Edge, smoke model)")
     up.add_argument("--inference-replicas", type=int, default=1, metavar="N",
                     help="start N inference services and route across them (2 fit a 24 GiB machine with the smoke "

@@ -37,6 +37,7 @@ from inference.prefix_prefill import OUTCOMES, PrefixPrefills
 from inference.prompt_encoding import EncodedPrefix
 from inference.requests import Delta, PromptInput, Result, Sampling, resolve_sampling
 from inference.settings import MAX_LOAD_WATCH_INTERVAL_MS, InferenceSettings
+from inference.public_generate import PublicGenerate
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("agent-gateway.inference")
@@ -259,9 +260,15 @@ class InferenceApp:
         self.servicer = InferenceServicer(trace_content=settings.trace_content, replica_name=settings.replica_name,
                                            load_watch_interval_ms=settings.load_watch_interval_ms,
                                            prefill_prefixes=settings.prefill_prefixes)
+        # With an edge (AGW_INFERENCE_EDGE_CLIENTS), the public Generate too: for tenants, through the edge only.
+        self.public = PublicGenerate(settings, self.servicer) if settings.edge_client_patterns else None
+        if self.public is not None:
+            self.public.declare_on(self)
 
     def register(self, server) -> None:
         inference_pb2_grpc.add_InferenceServicer_to_server(self.servicer, server)
+        if self.public is not None:
+            self.public.register(server)
 
     @asynccontextmanager
     async def lifespan(self, health: Health):

@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from servicekit.public_api import PublicApiSettings
 from servicekit.settings import Port, ServiceSettings, deployment_field, prefixed_config
 
 
@@ -15,8 +16,12 @@ from servicekit.settings import Port, ServiceSettings, deployment_field, prefixe
 MAX_LOAD_WATCH_INTERVAL_MS = 60_000
 
 
-class InferenceSettings(ServiceSettings):
-    """Engine and service options. ``None`` means "chosen for this machine at start"."""
+class InferenceSettings(ServiceSettings, PublicApiSettings):
+    """Engine and service options. ``None`` means "chosen for this machine at start".
+
+    The public API's settings (PublicApiSettings, ``AGW_GATEWAY_MAX_*``) bound
+    the public ``Generate`` this service serves to an edge (AGW_INFERENCE_EDGE_CLIENTS).
+    """
 
     model_config = prefixed_config("inference")
 

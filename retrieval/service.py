@@ -24,6 +24,7 @@ from retrieval.settings import RetrievalSettings
 from retrieval.stores.edge import EdgeStore
 from retrieval.stores.server import ServerStore
 from retrieval.tuning import tune_collection
+from retrieval.public_retrieve import PublicRetrieve
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +101,15 @@ class RetrievalApp:
     def __init__(self, settings: RetrievalSettings) -> None:
         self.settings = settings
         self.servicer = RetrievalServicer(settings)
+        # With an edge (AGW_RETRIEVAL_EDGE_CLIENTS), the public Retrieve too: for tenants, through the edge only.
+        self.public = PublicRetrieve(settings, self.servicer) if settings.edge_client_patterns else None
+        if self.public is not None:
+            self.public.declare_on(self)
 
     def register(self, server) -> None:
         retrieval_pb2_grpc.add_RetrievalServicer_to_server(self.servicer, server)
+        if self.public is not None:
+            self.public.register(server)
 
     @asynccontextmanager
     async def lifespan(self, health: Health):

@@ -7,11 +7,16 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from servicekit.public_api import PublicApiSettings
 from servicekit.settings import Port, ServiceSettings, deployment_field, prefixed_config, read_secret
 
 
-class RetrievalSettings(ServiceSettings):
-    """Store, embedder and trimming limits."""
+class RetrievalSettings(ServiceSettings, PublicApiSettings):
+    """Store, embedder and trimming limits.
+
+    The public API's settings (PublicApiSettings, ``AGW_GATEWAY_MAX_*``) bound
+    the public ``Retrieve`` this service serves to an edge (AGW_RETRIEVAL_EDGE_CLIENTS).
+    """
 
     model_config = prefixed_config("retrieval")
 

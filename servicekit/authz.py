@@ -14,6 +14,12 @@ messages is authorized exactly like one that parses them.
 - A :class:`Policy` lists the identities allowed, by default and per method.
 - A :class:`Denylist` file lists identities or certificate serials to refuse
   (a compromised certificate), read again whenever it changes.
+- An edge proxy (``AGW_<SERVICE>_EDGE_CLIENTS``, ``service/edge``) may act for
+  the client whose certificate it verified: its calls are authorized as that
+  client, read from ``x-forwarded-client-cert`` (``servicekit.forwarded``),
+  which no other caller's header can set. Methods a service serves only for
+  the edge (the public ``Generate`` and ``Retrieve`` on the backends) refuse
+  everyone else, whatever the policy says.
 - Every refusal is logged with the identity, counted (``agw.authz.denied``) and
   recorded as a span event; the call gets ``PERMISSION_DENIED`` (or
   ``UNAUTHENTICATED`` without a usable identity).
@@ -36,6 +42,7 @@ from pathlib import Path
 from cryptography import x509
 
 from servicekit.errors import PermissionDenied, Unauthenticated
+from servicekit.forwarded import XFCC_HEADER, forwarded_certificate
 from servicekit.identity import SERVICE_NAMES, Identity, check_identity_pattern
 from servicekit.metrics import meter
 
@@ -72,7 +79,9 @@ class Policy:
                            for method, patterns in (per_method or {}).items()}
 
     def patterns_for(self, method: str) -> tuple[str, ...]:
-        return self.per_method.get(method.rsplit("/", 1)[-1], self.allowed)
+        """The patterns for ``method`` (``/package.Service/Name``): by its full path, else its name, else the default."""
+        patterns = self.per_method.get(method)
+        return patterns if patterns is not None else self.per_method.get(method.rsplit("/", 1)[-1], self.allowed)
 
     def allows(self, identity: Identity, method: str) -> bool:
         name = str(identity)
@@ -143,7 +152,8 @@ class Authorizer:
     """Decides, once per call, whether the caller may call the method."""
 
     def __init__(self, service: str, policy: Policy, *, trust_domain: str, denylist: Denylist | None = None,
-                 identity_from_cn: bool = False, plaintext_identity: Identity | None = None) -> None:
+                 identity_from_cn: bool = False, plaintext_identity: Identity | None = None,
+                 edges: Iterable[str] = (), edge_only: Iterable[str] = ()) -> None:
         """
         Args:
             service: this service's name, for logs and metrics.
@@ -153,6 +163,9 @@ class Authorizer:
             identity_from_cn: fall back to the certificate's CN (compatibility; weaker).
             plaintext_identity: the identity of a caller without TLS (only the
                 gateway's AGW_INSECURE_DEV mode); None refuses such callers.
+            edges: identity patterns of edge proxies, whose calls act for the
+                client certificate they forward (``servicekit.forwarded``).
+            edge_only: methods (full paths) that only an edge's forwarded calls reach.
 
         Health is never authorized here: the edge interceptor passes it to any
         verified certificate before asking.
@@ -163,25 +176,67 @@ class Authorizer:
         self.denylist = denylist or Denylist(None)
         self.identity_from_cn = identity_from_cn
         self.plaintext_identity = plaintext_identity
+        self.edges = tuple(check_identity_pattern(p) for p in edges)
+        self.edge_only = frozenset(edge_only)
         #: Serial -> identity of the certificates seen, newest last (bounded): the server-side record of peers.
         self.peers_seen: OrderedDict[str, str] = OrderedDict()
         # A certificate decides its identity and serial: read them once per certificate, not once per call.
         self._peers: dict[bytes, Peer] = {}
+        self._forwarded: dict[str, Peer] = {}
 
     def authorize(self, context, method: str, span=None) -> Peer:
         """The caller, if it may call ``method``; else raise PermissionDenied/Unauthenticated (logged, counted)."""
         try:
             peer = self._peer(context)
+            reason = self._edge_refuses(peer, method)
+            if reason is None and self._is_edge(peer):
+                peer = self._forwarded_peer(context, peer)
         except Unauthenticated as exc:
             self._refuse(method, "unauthenticated", exc.message, span)
             raise
-        reason = self.denylist.refuses(peer)
+        if reason is None:
+            reason = self.denylist.refuses(peer)
         if reason is None and not self.policy.allows(peer.identity, method):
             reason = (f"{peer.identity} may not call {method} on the {self.service} service "
                       f"(allowed: {', '.join(self.policy.patterns_for(method))})")
         if reason is not None:
             self._refuse(method, reason, f"{reason} [serial {peer.serial}]", span)
             raise PermissionDenied(reason)
+        return peer
+
+    def _is_edge(self, peer: Peer) -> bool:
+        return any(fnmatch.fnmatchcase(str(peer.identity), pattern) for pattern in self.edges)
+
+    def _edge_refuses(self, peer: Peer, method: str) -> str | None:
+        """Why a call is refused for how it arrived: an edge on the denylist, or an edge-only method called directly."""
+        if self._is_edge(peer):
+            return self.denylist.refuses(peer)
+        if method in self.edge_only:
+            return (f"{method} on the {self.service} service answers only calls an edge forwards "
+                    f"({', '.join(self.edges) or 'none is configured'}); {peer.identity} called it directly: call the public port")
+        return None
+
+    def _forwarded_peer(self, context, edge: Peer) -> Peer:
+        """The client an edge verified and forwarded (``x-forwarded-client-cert``), read once per header value."""
+        values = [value for key, value in context.invocation_metadata() or () if key == XFCC_HEADER]
+        if len(values) != 1:
+            raise Unauthenticated(f"the edge {edge.identity} forwarded {len(values)} {XFCC_HEADER} headers; "
+                                  "exactly one is needed (configure it with `agentgw edge-config`)")
+        peer = self._forwarded.get(values[0])
+        if peer is None:
+            certificate, spiffe_id = forwarded_certificate(values[0])
+            try:
+                identity = Identity.from_spiffe_id(spiffe_id, self.trust_domain)
+            except ValueError as exc:
+                raise Unauthenticated(f"forwarded certificate identity refused: {exc}") from None
+            if identity.kind == "service":
+                raise Unauthenticated(f"the edge forwarded a service's certificate ({identity}); it forwards only "
+                                      "tenants' and operators'")
+            peer = Peer(identity, format(certificate.serial_number, "x"))
+            if len(self._forwarded) >= 1024:  # bounded, like _peers: one entry per client certificate
+                self._forwarded.clear()
+            self._forwarded[values[0]] = peer
+            self._record(peer)
         return peer
 
     def bind(self, peer: Peer):

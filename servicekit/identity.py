@@ -4,7 +4,8 @@ Every certificate carries exactly one URI SAN of the form
 ``spiffe://<trust domain>/<kind>/<name>``, with kind one of:
 
 - ``tenant``: an agent platform calling the gateway's public API;
-- ``service``: the gateway, retrieval and inference services (each has its own key);
+- ``service``: the gateway, retrieval and inference services, and the edge
+  proxy in front of them (``agentgw edge-config``), each with its own key;
 - ``operator``: operators' tools (the doctor, ``ingest``, ``tune-ef``, the benches' direct paths).
 
 The kind is part of the identity, so a tenant named like a service cannot be
@@ -25,8 +26,8 @@ from pathlib import Path
 
 #: The kinds of identity, in the order of the URI path.
 KINDS = ("tenant", "service", "operator")
-#: Our services; no tenant or operator may take one of these names.
-SERVICE_NAMES = ("gateway", "retrieval", "inference")
+#: Our services (the edge: Envoy on the public port); no tenant or operator may take one of these names.
+SERVICE_NAMES = ("gateway", "retrieval", "inference", "edge")
 DEFAULT_TRUST_DOMAIN = "agentgw.local"
 #: The tenant a fresh install issues a certificate for.
 DEFAULT_TENANT = "dev"

@@ -11,7 +11,8 @@ response deserialiser and the gateway method's response serialiser are None.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Mapping
+from functools import partial
 
 import grpc
 from google.protobuf import message_factory
@@ -87,3 +88,26 @@ def raw_multicallable(channel: grpc.aio.Channel, method: MethodDescriptor):
     make = getattr(channel, _kind(method))
     return make(path, request_serializer=_message_class(method.input_type).SerializeToString,
                 response_deserializer=None, _registered_method=True)
+
+
+def add_public_passthroughs(server, service: ServiceDescriptor, behaviors: Mapping[str, Callable]) -> None:
+    """Serve the public passthrough methods of ``service`` named in ``behaviors`` on a backend, for an edge.
+
+    Each public response holds the backend's own message in its one field
+    ``response = 1``: a behavior returns (or yields) the backend's message,
+    and its serialiser writes it behind that field's header, so the edge
+    forwards the backend's frames as they are, and a client reads what the
+    gateway's own passthrough would have sent it, byte for byte.
+    """
+    handlers = {}
+    for name, behavior in behaviors.items():
+        method = service.methods_by_name[name]
+        field = method.output_type.fields_by_name["response"].number
+        factory = getattr(grpc, f"{_kind(method)}_rpc_method_handler")
+        handlers[name] = factory(behavior, request_deserializer=_message_class(method.input_type).FromString,
+                                 response_serializer=partial(_serialise_into, field))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+
+
+def _serialise_into(field_number: int, message) -> bytes:
+    return wrap(field_number, message.SerializeToString())

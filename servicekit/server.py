@@ -77,7 +77,9 @@ class ServiceApp(Protocol):
     # Optional attributes, read with getattr:
     #   insecure: bool, True to listen in plaintext (only the gateway, only with AGW_INSECURE_DEV);
     #   plaintext_identity: Identity, the identity of a caller without TLS in that mode;
-    #   method_policies: {method name: identity patterns}, methods allowed to others than AGW_*_ALLOWED_CLIENTS;
+    #   method_policies: {method name or full path: identity patterns}, methods allowed to others than
+    #     AGW_*_ALLOWED_CLIENTS;
+    #   edge_only: full paths of methods that answer only calls an edge forwards (AGW_*_EDGE_CLIENTS);
     #   client_trace: "link" or "continue" at a public port, whose callers' trace context is not trusted.
 
     def register(self, server: grpc.aio.Server) -> None:
@@ -150,6 +152,8 @@ def authorizer_for(app: ServiceApp, settings: ServiceSettings, *, insecure: bool
         denylist=Denylist(settings.denied_clients_file, check_every_s=min(settings.tls_reload_s or 1.0, 1.0)),
         identity_from_cn=settings.identity_from_cn,
         plaintext_identity=getattr(app, "plaintext_identity", None) if insecure else None,
+        edges=settings.edge_client_patterns,
+        edge_only=getattr(app, "edge_only", ()),
     )
 
 

@@ -106,6 +106,10 @@ class ServiceSettings(BaseSettings):
     allowed_clients: str = Field(
         "service/gateway,operator/*", description="Identities allowed to call this service, comma-separated "
         "kind/name patterns (* matches any name). Health answers any verified certificate.")
+    edge_clients: str = Field(
+        "", description="Identities of edge proxies (service/edge) whose calls act for the client certificate they "
+        "verified and forward in x-forwarded-client-cert, comma-separated patterns; empty: no edge, the header is "
+        "never read. On the backends it also serves the public Generate or Retrieve to the edge.")
     denied_clients_file: Path | None = Field(
         None, description="File of identities (kind/name) or certificate serials (hex) to refuse, one per line; "
         "read again when it changes, no restart.")
@@ -118,7 +122,7 @@ class ServiceSettings(BaseSettings):
         validate_trust_domain(self.trust_domain)
         if self.identity:
             Identity.service(self.identity)  # a valid name, or ValueError naming it
-        for pattern in self.allowed_client_patterns:
+        for pattern in (*self.allowed_client_patterns, *self.edge_client_patterns):
             check_identity_pattern(pattern)
         if self.keepalive_timeout_s >= self.keepalive_time_s * 4:
             raise ValueError("AGW_KEEPALIVE_TIMEOUT_S should be well under AGW_KEEPALIVE_TIME_S")
@@ -127,6 +131,10 @@ class ServiceSettings(BaseSettings):
     @property
     def allowed_client_patterns(self) -> tuple[str, ...]:
         return tuple(p.strip() for p in self.allowed_clients.split(",") if p.strip())
+
+    @property
+    def edge_client_patterns(self) -> tuple[str, ...]:
+        return tuple(p.strip() for p in self.edge_clients.split(",") if p.strip())
 
     @property
     def identity_files(self) -> IdentityFiles:

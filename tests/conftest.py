@@ -56,8 +56,10 @@ def inference_service(tmp_path_factory, pki, otlp):
 
     from tests.support.servers import free_port
 
+    # With the edge's identity allowed, it also serves the public Generate to the edge (tests/e2e/test_edge_generate.py).
     service = start_inference_service(tmp_path_factory.mktemp("inference"), pki.root, **otlp.environment(),
-                                      AGW_INFERENCE_METRICS_PORT=str(free_port()))
+                                      AGW_INFERENCE_METRICS_PORT=str(free_port()),
+                                      AGW_INFERENCE_EDGE_CLIENTS="service/edge")
     yield service
     service.process.stop()
 

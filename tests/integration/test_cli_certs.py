@@ -24,7 +24,7 @@ def test_certs_creates_then_reuses_then_forces(tmp_path):
     assert first.returncode == 0, first.stderr
     tls = tmp_path / "tls"
     assert {p.name for p in tls.iterdir()} == {"ca.pem", "ca-key.pem", "service", "operator", "tenant"}
-    assert {p.name for p in (tls / "service").iterdir()} == {"gateway", "retrieval", "inference"}
+    assert {p.name for p in (tls / "service").iterdir()} == {"gateway", "retrieval", "inference", "edge"}
     assert {p.name for p in (tls / "tenant").iterdir()} == {"acme"}
     assert {p.name for p in (tls / "operator").iterdir()} == {"admin"}
     ca = (tls / "ca.pem").read_bytes()

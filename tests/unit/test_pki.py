@@ -66,7 +66,7 @@ def test_keys_are_private_and_folders_closed(tmp_path):
     ensure_dev_pki(root)
     assert stat.S_IMODE(root.stat().st_mode) == 0o700
     keys = [root / "ca-key.pem", *root.glob("*/*/key.pem")]
-    assert len(keys) == 1 + 3 + 1 + 1  # CA, three services, one operator, one tenant
+    assert len(keys) == 1 + 4 + 1 + 1  # CA, four services (the edge among them), one operator, one tenant
     for key in keys:
         assert stat.S_IMODE(key.stat().st_mode) == 0o600
     for folder in root.glob("*/*"):

