@@ -22,13 +22,20 @@ threads are the rest), and, before the runs, every process's CPU while no call
 runs (`--idle-s`). Messages per call are counted at the client (tokens do not
 change under coalescing; messages may).
 
-    python bench/gateway_overhead.py [--requests 300] [--workers 1,2] [--smg] [--bare] [--json bench/out/overhead.json]
+    python bench/gateway_overhead.py [--requests 300] [--workers 1,2] [--smg] [--bare] [--edge] [--json bench/out/overhead.json]
 
 `--bare` adds a path through a bare grpc.aio passthrough on uvloop, as the
 gateway runs, in front of retrieval (unary) and inference (`Generate`, read
 and written as the gateway's passthrough does), with nothing of ours in it
 (bench/grpc_hop_stacks.py), so the gateway's cost splits into gRPC Python's
 floor and our handler's share.
+
+`--edge` adds the edge (docs/architecture.md, "The edge"): Envoy configured by
+`agentgw edge-config`, with the tenant's certificate, sending the public
+`Retrieve` and `Generate` straight to the backends, which authorize the
+forwarded tenant, check the bounds and scope the call themselves. It is the
+product's path, where the `envoy` column is a plain proxy of the backends'
+own methods.
 
 `--smg` adds a streaming block with SMG in front of vLLM's own gRPC server,
 run after ours is stopped (bench/smg_peer.py; `pip install -e '.[peers]'`).
@@ -154,14 +161,27 @@ def envoy_config(tls: Path, port: int, retrieval_port: int, inference_port: int)
     }
 
 
-def start_envoy(root: Path, tls: Path, retrieval_port: int, inference_port: int) -> tuple[subprocess.Popen, int]:
+def _run_envoy(root: Path, name: str, config: dict) -> subprocess.Popen:
     binary = shutil.which("envoy") or str(Path(sys.executable).parent / "envoy")
+    path = root / f"{name}.json"
+    path.write_text(json.dumps(config))
+    return subprocess.Popen([binary, "-c", str(path), "--concurrency", "2", "--log-level", "error",
+                             "--use-dynamic-base-id"], stdout=(root / f"{name}.log").open("wb"), stderr=subprocess.STDOUT)
+
+
+def start_envoy(root: Path, tls: Path, retrieval_port: int, inference_port: int) -> tuple[subprocess.Popen, int]:
     port = free_port()
-    config = root / "envoy.json"
-    config.write_text(json.dumps(envoy_config(tls, port, retrieval_port, inference_port)))
-    process = subprocess.Popen([binary, "-c", str(config), "--concurrency", "2", "--log-level", "error"],
-                               stdout=(root / "envoy.log").open("wb"), stderr=subprocess.STDOUT)
-    return process, port
+    return _run_envoy(root, "envoy", envoy_config(tls, port, retrieval_port, inference_port)), port
+
+
+def start_edge(root: Path, tls: Path, ports: dict[str, int], gateway_port: int) -> tuple[subprocess.Popen, int]:
+    """The product's edge (agentgw.edge), as `agentgw edge-config` writes it; Envoy --concurrency 2 as above."""
+    from agentgw.edge import edge_config
+
+    port = free_port()
+    config = edge_config(tls, listen=f"127.0.0.1:{port}", gateway=f"127.0.0.1:{gateway_port}",
+                         inference=[f"127.0.0.1:{ports['inference']}"], retrieval=f"127.0.0.1:{ports['retrieval']}")
+    return _run_envoy(root, "edge", config), port
 
 
 async def run_level(calls, concurrency: int, total: int) -> tuple[list[float], float, int]:
@@ -245,13 +265,21 @@ async def measure(tls: Path, ports: dict[str, int], requests: int, stream_reques
         return (lambda: one(stub.Retrieve(retrieve, timeout=30)),
                 lambda: drain(stub.Generate(gateway_pb2.GenerateRequest(request=generate), timeout=60)))
 
+    def edge():  # the edge: the public methods, with the tenant's certificate, straight to the backends
+        ch = channel(ports["edge"], "tenant/dev")
+        channels.append(ch)
+        stub = gateway_pb2_grpc.AgentGatewayStub(ch)
+        return (lambda: one(stub.Retrieve(retrieve, timeout=30)),
+                lambda: drain(stub.Generate(gateway_pb2.GenerateRequest(request=generate), timeout=60)))
+
     def bare():  # the floor of a grpc.aio hop with nothing of ours (bench/grpc_hop_stacks.py)
         ch = channel(ports["bare"], "operator/admin")
         channels.append(ch)
         rs, is_ = retrieval_pb2_grpc.RetrievalStub(ch), inference_pb2_grpc.InferenceStub(ch)
         return (lambda: one(rs.Search(search, timeout=30)), lambda: drain(is_.Generate(generate, timeout=60)))
 
-    makers = [("direct", direct), ("gateway", ours), ("envoy", envoy), *([("bare", bare)] if "bare" in ports else [])]
+    makers = [("direct", direct), ("gateway", ours), ("envoy", envoy), *([("bare", bare)] if "bare" in ports else []),
+              *([("edge", edge)] if "edge" in ports else [])]
     # ``connections`` client connections per path, so several server workers (ours or Envoy's) take load.
     paths = {name: [make() for _ in range(connections)] for name, make in makers}
     for ch in channels:
@@ -299,7 +327,7 @@ def _table(rows: list[dict]) -> list[dict]:
     table = []
     for r in rows:
         base = direct[(r["workers"], r["kind"], r["concurrency"])]
-        proxy = r["path"] if r["path"] in ("gateway", "envoy", "smg", "bare") else None
+        proxy = r["path"] if r["path"] in ("gateway", "envoy", "smg", "bare", "edge") else None
         table.append({
             "workers": r["workers"], "kind": r["kind"], "conc": r["concurrency"], "path": r["path"],
             "p50 ms": r["p50"], "p99 ms": r["p99"], "req/s": r["throughput"],
@@ -308,6 +336,7 @@ def _table(rows: list[dict]) -> list[dict]:
             "proxy cpu us/unit": _per_unit(r, proxy) if proxy else None,
             "its loop thread": _per_unit(r, f"{proxy} thread main") if f"{proxy} thread main" in r["cpu_s"] else None,
             "inference cpu us/unit": _per_unit(r, "inference"), "engine cpu us/unit": _per_unit(r, "engine"),
+            "retrieval cpu us/call": _per_unit(r, "retrieval") if r["kind"] == "unary" else None,
             "gateway runq wait ms/s": r["cpu_s"].get("gateway_runqueue_wait", 0) * 1000 / r["seconds"]
             if r["path"] == "gateway" else None,
         })
@@ -328,6 +357,9 @@ def main() -> int:
                         "(default --stream-requests)")
     parser.add_argument("--bare", action="store_true",
                         help="add a unary and a stream path through a bare grpc.aio passthrough on uvloop (the stack's floor)")
+    parser.add_argument("--edge", action="store_true",
+                        help="add the edge: Envoy as `agentgw edge-config` writes it, the public methods straight to "
+                             "the backends")
     parser.add_argument("--idle-s", type=float, default=5.0,
                         help="seconds with no calls before the runs, to read each process's background CPU")
     parser.add_argument("--json", type=Path)
@@ -341,8 +373,10 @@ def main() -> int:
     tls = dev_pki(root)
     rows, idle = [], {}
     backend_env = {} if args.stream_interval is None else {"AGW_INFERENCE_STREAM_INTERVAL": str(args.stream_interval)}
+    if args.edge:  # the backends serve the public methods to the edge's identity
+        backend_env.update(AGW_INFERENCE_EDGE_CLIENTS="service/edge", AGW_RETRIEVAL_EDGE_CLIENTS="service/edge")
     with backend_processes(root, tls, **backend_env) as (ports, started):
-        inference_pid = started[0].pid
+        inference_pid, retrieval_pid = started[0].pid, started[1].pid
         envoy, ports["envoy"] = start_envoy(root, tls, ports["retrieval"], ports["inference"])
         bare = None
         if args.bare:
@@ -356,23 +390,32 @@ def main() -> int:
                 gateway = gateway_process(root, tls, f"gateway-{workers}", ports, AGW_GATEWAY_WORKERS=str(workers),
                                           AGW_GATEWAY_PORT=str(gateway_port), AGW_GATEWAY_MAX_IN_FLIGHT="1024",
                                           AGW_GATEWAY_MAX_IN_FLIGHT_PER_TENANT="1024")
+                edge = None
                 try:
                     gateway.wait_serving()
                     ports["gateway"] = gateway_port
+                    if args.edge:
+                        edge, ports["edge"] = start_edge(root, tls, ports, gateway_port)
                     asyncio.run(seed(gateway_port, tls))
                     time.sleep(2)  # let every gateway worker finish warming (seed retries until one answers)
                     meter = CpuMeter({
                         "gateway": lambda: [gateway.pid, *descendants(gateway.pid)],
                         "envoy": lambda: [envoy.pid],
+                        **({"edge": lambda: [edge.pid]} if edge else {}),
                         **({"bare": lambda: [bare.pid]} if bare else {}),
                         "inference": lambda: [inference_pid],
                         "engine": lambda: sorted(descendants(inference_pid)),
+                        # The unary calls' backend: behind the edge it also authorizes, checks and scopes each call.
+                        "retrieval": lambda: [retrieval_pid],
                     })
                     idle[workers] = meter.idle(args.idle_s)
                     measured = asyncio.run(measure(tls, ports, args.requests, args.stream_requests, args.connections,
                                                    meter))
                     rows += [{"workers": workers, **row} for row in measured]
                 finally:
+                    if edge is not None:
+                        edge.terminate()
+                        edge.wait()
                     gateway.stop()
         finally:
             for proxy in (envoy, bare):
@@ -393,7 +436,7 @@ def main() -> int:
                 "from /proc/<pid>/stat (a loop thread's from its schedstat)", _table(rows),
                 ["workers", "kind", "conc", "path", "p50 ms", "p99 ms", "req/s", "added p50 ms", "vs direct req/s",
                  "msgs/call", "proxy cpu us/unit", "its loop thread", "inference cpu us/unit", "engine cpu us/unit",
-                 "gateway runq wait ms/s"])
+                 "retrieval cpu us/call", "gateway runq wait ms/s"])
     for workers, groups in idle.items():
         print(f"idle CPU, ms per s, {workers} gateway worker(s), no calls for {args.idle_s:g} s: "
               + ", ".join(f"{name} {value:.1f}" for name, value in groups.items()
