@@ -16,6 +16,10 @@ docs/architecture.md, "The edge":
   each service authorizes and scopes to the tenant itself (``servicekit.authz``).
   A tenant's trace headers are dropped on the passthrough routes; the
   gateway applies its own ``AGW_GATEWAY_CLIENT_TRACE`` to the rest.
+- A passthrough request over the public port's bound (``--max-request-bytes``,
+  the gateway's ``AGW_GATEWAY_MAX_RECEIVE_BYTES``) is refused by Envoy,
+  ``RESOURCE_EXHAUSTED``, before a backend decodes it. The connection limits
+  are the gateway's public-port defaults.
 
 What the edge does not do as the gateway does: per-tenant admission and
 cache-affine replica routing for the passthrough methods. Envoy spreads
@@ -40,6 +44,9 @@ PASSTHROUGH_ROUTES = {f"/{_PUBLIC}/Generate": "inference", f"/{_PUBLIC}/Retrieve
 #: A tenant's trace context does not reach a backend unfiltered (the gateway links it instead).
 _CLIENT_TRACE_HEADERS = ["traceparent", "tracestate", "baggage"]
 _TYPES = "type.googleapis.com/envoy.extensions"
+_BUFFER = "envoy.filters.http.buffer"
+#: The gateway's own default bound on a public request (AGW_GATEWAY_MAX_RECEIVE_BYTES).
+DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 
 
 def _host_port(target: str) -> tuple[str, int]:
@@ -99,10 +106,37 @@ def _routes() -> list[dict]:
     routes = [{"match": {"path": path}, "route": {"cluster": cluster, **stream},
                "request_headers_to_remove": _CLIENT_TRACE_HEADERS}
               for path, cluster in PASSTHROUGH_ROUTES.items()]
-    return [*routes, {"match": {"prefix": "/"}, "route": {"cluster": "gateway", **stream}}]
+    # The gateway bounds its own requests before decoding them (AGW_GATEWAY_MAX_RECEIVE_BYTES): no buffering here.
+    unbuffered = {_BUFFER: {"@type": f"{_TYPES}.filters.http.buffer.v3.BufferPerRoute", "disabled": True}}
+    return [*routes, {"match": {"prefix": "/"}, "route": {"cluster": "gateway", **stream},
+                      "typed_per_filter_config": unbuffered}]
 
 
-def _connection_manager() -> dict:
+def _request_bound(max_request_bytes: int) -> tuple[dict, dict]:
+    """The public port's bound on a request, for the methods the edge sends to a backend: the buffer filter and
+    its refusal, RESOURCE_EXHAUSTED naming the bound (what gRPC answers on the gateway's own port).
+
+    Every public method takes one request message, so holding it whole costs no latency: the client sends it
+    with the end of its stream. The backends' own limit (AGW_MAX_MESSAGE_BYTES) is their internal hops'.
+    """
+    bound = max_request_bytes + 5  # the gRPC frame's header: compressed flag and length
+    buffer = {"name": _BUFFER, "typed_config": {"@type": f"{_TYPES}.filters.http.buffer.v3.Buffer",
+                                                "max_request_bytes": bound}}
+    refusal = {"mappers": [{
+        "filter": {"status_code_filter": {"comparison": {"op": "EQ", "value": {
+            "default_value": 413, "runtime_key": "agw.edge.too_large"}}}},
+        # RESOURCE_EXHAUSTED (8), as gRPC's own limit answers; Envoy's mapping of a 413 would say UNKNOWN.
+        "headers_to_add": [{"header": {"key": "grpc-status", "value": "8"},
+                            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
+        "body": {"inline_string": f"request: is over {max_request_bytes} bytes, the public port's bound "
+                                  "(agentgw edge-config --max-request-bytes; AGW_GATEWAY_MAX_RECEIVE_BYTES on the "
+                                  "gateway)"},
+    }]}
+    return buffer, refusal
+
+
+def _connection_manager(max_request_bytes: int) -> dict:
+    buffer, refusal = _request_bound(max_request_bytes)
     return {"name": "envoy.filters.network.http_connection_manager", "typed_config": {
         "@type": f"{_TYPES}.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "edge", "codec_type": "HTTP2",
@@ -114,13 +148,15 @@ def _connection_manager() -> dict:
         "common_http_protocol_options": {"idle_timeout": "300s", "max_connection_duration": "1800s"},
         "max_request_headers_kb": 16,
         "route_config": {"virtual_hosts": [{"name": "public", "domains": ["*"], "routes": _routes()}]},
-        "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+        "local_reply_config": refusal,
+        "http_filters": [buffer, {"name": "envoy.filters.http.router", "typed_config": {
             "@type": f"{_TYPES}.filters.http.router.v3.Router"}}],
     }}
 
 
 def edge_config(tls_dir: Path, *, listen: str, gateway: str, inference: Sequence[str], retrieval: str,
-                trust_domain: str = DEFAULT_TRUST_DOMAIN, keepalive_s: float = 20.0) -> dict:
+                trust_domain: str = DEFAULT_TRUST_DOMAIN, keepalive_s: float = 20.0,
+                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> dict:
     """Envoy's bootstrap for the edge: ``listen`` (host:port) public, the three services behind it.
 
     ``inference``: the replicas' host:port (several: least requests). The
@@ -135,7 +171,7 @@ def edge_config(tls_dir: Path, *, listen: str, gateway: str, inference: Sequence
             "name": "public",
             "address": {"socket_address": {"address": host, "port_value": port}},
             "filter_chains": [{
-                "filters": [_connection_manager()],
+                "filters": [_connection_manager(max_request_bytes)],
                 "transport_socket": {"name": "envoy.transport_sockets.tls", "typed_config": {
                     "@type": f"{_TYPES}.transport_sockets.tls.v3.DownstreamTlsContext", **downstream}},
             }],

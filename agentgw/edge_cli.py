@@ -9,7 +9,7 @@ from pathlib import Path
 
 from servicekit.identity import DEFAULT_TRUST_DOMAIN
 
-from agentgw.edge import EDGE, edge_config
+from agentgw.edge import DEFAULT_MAX_REQUEST_BYTES, EDGE, edge_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,9 +21,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the Python gateway, for every method but Generate and Retrieve (default 127.0.0.1:50054)")
     parser.add_argument("--inference", default="127.0.0.1:50053",
                         help="inference replicas, comma-separated host:port (default 127.0.0.1:50053)")
-    parser.add_argument("--retrieval", default="127.0.0.1:50052", help="the retrieval service (default 127.0.0.1:50052)")
+    parser.add_argument("--retrieval", default="127.0.0.1:50052",
+                        help="the retrieval service (default 127.0.0.1:50052)")
     parser.add_argument("--trust-domain", default=DEFAULT_TRUST_DOMAIN,
                         help=f"SPIFFE trust domain (default {DEFAULT_TRUST_DOMAIN})")
+    parser.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
+                        help="largest Generate or Retrieve request the edge passes on (default "
+                             f"{DEFAULT_MAX_REQUEST_BYTES}, the gateway's AGW_GATEWAY_MAX_RECEIVE_BYTES)")
     parser.add_argument("--out", type=Path, help="write here (default: stdout)")
     parser.set_defaults(func=run)
 
@@ -32,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = edge_config(args.tls_dir, listen=args.listen, gateway=args.gateway,
                              inference=[t.strip() for t in args.inference.split(",") if t.strip()],
-                             retrieval=args.retrieval, trust_domain=args.trust_domain)
+                             retrieval=args.retrieval, trust_domain=args.trust_domain,
+                             max_request_bytes=args.max_request_bytes)
     except ValueError as exc:
         print(f"agentgw edge-config: {exc}", file=sys.stderr)
         return 2

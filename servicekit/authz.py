@@ -79,7 +79,7 @@ class Policy:
                            for method, patterns in (per_method or {}).items()}
 
     def patterns_for(self, method: str) -> tuple[str, ...]:
-        """The patterns for ``method`` (``/package.Service/Name``): by its full path, else its name, else the default."""
+        """The patterns for ``method`` (``/package.Service/Name``): by full path, else by name, else the default."""
         patterns = self.per_method.get(method)
         return patterns if patterns is not None else self.per_method.get(method.rsplit("/", 1)[-1], self.allowed)
 
@@ -213,7 +213,8 @@ class Authorizer:
             return self.denylist.refuses(peer)
         if method in self.edge_only:
             return (f"{method} on the {self.service} service answers only calls an edge forwards "
-                    f"({', '.join(self.edges) or 'none is configured'}); {peer.identity} called it directly: call the public port")
+                    f"({', '.join(self.edges) or 'none is configured'}); {peer.identity} called it directly: "
+                    "call the public port")
         return None
 
     def _forwarded_peer(self, context, edge: Peer) -> Peer:

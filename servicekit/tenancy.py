@@ -75,7 +75,8 @@ def cache_salt_for(prefix_cache: str, tenant: str, requested: str = "") -> str:
     return tenant_cache_salt(tenant, requested) if prefix_cache == "tenant" else requested
 
 
-def scoped_search(api: PublicApiSettings, tenant: str, request: gateway_pb2.RetrieveRequest) -> retrieval_pb2.SearchRequest:
+def scoped_search(api: PublicApiSettings, tenant: str,
+                  request: gateway_pb2.RetrieveRequest) -> retrieval_pb2.SearchRequest:
     """The search a tenant's ``Retrieve`` becomes: in the tenant's own collection, kept on the index, ef capped.
 
     Exhaustive search is an operator's tool, and ``hnsw_ef`` is capped at

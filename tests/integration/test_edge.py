@@ -214,3 +214,12 @@ async def test_a_denylisted_serial_is_refused_through_the_edge(edge, docs, pki, 
         denylist.write_text("")
         await asyncio.sleep(0.3)
     assert await _raw_retrieve(edge, pki, "tenant/dev", _retrieve())
+
+
+async def test_an_oversized_request_is_refused_at_the_edge_before_any_backend_reads_it(edge, pki):
+    # 1.1 million floats: about 4.4 MB, over the public port's 4 MiB, whatever the bounds on its fields would say.
+    huge = _retrieve(vector=retrieval_pb2.Vector(values=[0.5] * 1_100_000))
+    huge.request.ClearField("text")
+    refused = await _refusal(edge, pki, "tenant/dev", huge)
+    assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "request: is over 4194304 bytes, the public port's bound" in refused.details()

@@ -52,6 +52,10 @@ def test_the_edge_config_sanitises_the_header_and_pins_each_backends_identity(tm
     routes = manager["route_config"]["virtual_hosts"][0]["routes"]
     assert {r["match"].get("path"): r["route"]["cluster"] for r in routes[:-1]} == PASSTHROUGH_ROUTES
     assert routes[-1]["route"]["cluster"] == "gateway"
+    # The passthroughs' requests are bounded before a backend reads them; the gateway bounds its own.
+    [buffer, _router] = manager["http_filters"]
+    assert buffer["typed_config"]["max_request_bytes"] == 4 * 1024 * 1024 + 5
+    assert routes[-1]["typed_per_filter_config"]["envoy.filters.http.buffer"]["disabled"] is True
     clusters = {c["name"]: c for c in config["static_resources"]["clusters"]}
     inference = clusters["inference"]
     assert inference["type"] == "STATIC" and len(inference["load_assignment"]["endpoints"][0]["lb_endpoints"]) == 2
