@@ -114,7 +114,7 @@ def _up(args: argparse.Namespace) -> int:
         print("agentgw up: --inference-replicas must be at least 1", file=sys.stderr)
         return 2
     try:
-        return up(inference_replicas=args.inference_replicas)
+        return up(inference_replicas=args.inference_replicas, edge=args.edge)
     except KeyboardInterrupt:  # during start-up: the stack has already stopped what it started
         print("\ninterrupted during start-up; everything started was stopped", file=sys.stderr)
         return 130
@@ -195,6 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--inference-replicas", type=int, default=1, metavar="N",
                     help="start N inference services and route across them (2 fit a 24 GiB machine with the smoke "
                          "model)")
+    up.add_argument("--edge", action="store_true",
+                    help="put Envoy on the public port: Generate and Retrieve straight to the backends, the rest to "
+                         "the gateway (pip install -e '.[edge]')")
     up.set_defaults(func=_up)
 
     _add_client_commands(commands)

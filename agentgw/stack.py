@@ -31,6 +31,8 @@ from agentgw.connection import Connection, MetricsPorts
 from agentgw.pki import ensure_dev_pki
 from servicekit.settings import ServiceSettings, load_settings
 from agentgw.supervisor import ServiceProcess, ServiceStartError
+from agentgw.edge import EDGE
+from agentgw.edge_process import EdgeProcess
 
 SAMPLE_COLLECTION = "docs"
 #: Prometheus ports, one per service, when AGW_*_METRICS_PORT is not set.
@@ -174,8 +176,10 @@ def _ingest_once(settings: ServiceSettings, connection: Connection, progress: Pr
         marker.write_text(f"{count}\n")
 
 
-def _print_ready(connection: Connection, path) -> None:
+def _print_ready(connection: Connection, path, edge: bool = False) -> None:
     print(f"\nready: gateway at {connection.gateway} (mTLS, certificates in {connection.tls_dir})")
+    if edge:
+        print("  behind the edge (Envoy): Generate and Retrieve go straight to the backends, the rest to the gateway")
     print(f"  connection file {path}")
     print('  ask:     agentgw chat "What does the with statement do?"')
     print("  check:   agentgw doctor")
@@ -183,7 +187,8 @@ def _print_ready(connection: Connection, path) -> None:
     print("Ctrl-C drains and stops everything.", flush=True)
 
 
-def _inference_replicas(count: int, port: int, metrics_port: int, settings: ServiceSettings) -> dict:
+def _inference_replicas(count: int, port: int, metrics_port: int, settings: ServiceSettings,
+                        env: dict[str, str]) -> dict:
     """``count`` inference services on consecutive ports (and metrics ports), named inference-1, -2, ...:
     the first keeps the plain name ``inference`` (its log folder, the connection file's backend)."""
     processes = {}
@@ -191,23 +196,30 @@ def _inference_replicas(count: int, port: int, metrics_port: int, settings: Serv
         name = "inference" if index == 0 else f"inference-{index + 1}"
         processes[name] = (port + index, metrics_port + index, _service(
             "inference", port + index, metrics_port + index, settings,
-            {"AGW_INFERENCE_REPLICA_NAME": f"inference-{index + 1}"}, run_name=name))
+            {"AGW_INFERENCE_REPLICA_NAME": f"inference-{index + 1}", **env}, run_name=name))
     return processes
 
 
+def _edge_env(name: str, edge: bool) -> dict[str, str]:
+    """With an edge, each service acts for the clients the edge forwards (and the backends serve it Generate or
+    Retrieve)."""
+    return {f"AGW_{name.upper()}_EDGE_CLIENTS": str(EDGE)} if edge else {}
+
+
 def _start_services(settings: ServiceSettings, stack: ExitStack, database_url: str, inference_replicas: int,
-                    progress: Progress) -> tuple[dict, dict]:
-    """Retrieval and the inference replicas together, then the gateway in front of them; stopped in reverse."""
+                    progress: Progress, edge: bool = False) -> tuple[dict, dict]:
+    """Retrieval and the inference replicas together, then the gateway in front of them (and the edge in front of
+    all three); stopped in reverse."""
     from gateway.settings import GatewaySettings
     from inference.settings import InferenceSettings
     from retrieval.settings import RetrievalSettings
 
     ports, processes = {}, {}
     ports["retrieval"] = _ports("retrieval", RetrievalSettings)
-    processes["retrieval"] = _service("retrieval", *ports["retrieval"], settings, {})
+    processes["retrieval"] = _service("retrieval", *ports["retrieval"], settings, _edge_env("retrieval", edge))
     stack.callback(processes["retrieval"].stop)
     for name, (port, metrics_port, process) in _inference_replicas(
-            inference_replicas, *_ports("inference", InferenceSettings), settings).items():
+            inference_replicas, *_ports("inference", InferenceSettings), settings, _edge_env("inference", edge)).items():
         ports[name], processes[name] = (port, metrics_port), process
         stack.callback(process.stop)
     ports["gateway"] = _ports("gateway", GatewaySettings)
@@ -215,7 +227,10 @@ def _start_services(settings: ServiceSettings, stack: ExitStack, database_url: s
         with progress.step(f"{name} service on port {ports[name][0]}"):
             processes[name].wait_serving()
     targets = [f"127.0.0.1:{port}" for name, (port, _) in ports.items() if name.startswith("inference")]
-    processes["gateway"] = _service("gateway", *ports["gateway"], settings, {
+    # Behind an edge, the edge takes the public port and the gateway a free one.
+    gateway_port, gateway_metrics = (0, ports["gateway"][1]) if edge else ports["gateway"]
+    processes["gateway"] = _service("gateway", gateway_port, gateway_metrics, settings, {
+        **_edge_env("gateway", edge),
         "AGW_GATEWAY_WORKERS": "1",
         "AGW_DATABASE_URL": database_url,
         "AGW_GATEWAY_INFERENCE_TARGET": "",  # the replicas below, whatever the environment says
@@ -223,16 +238,36 @@ def _start_services(settings: ServiceSettings, stack: ExitStack, database_url: s
         "AGW_GATEWAY_RETRIEVAL_TARGET": f"127.0.0.1:{ports['retrieval'][0]}",
     })
     stack.callback(processes["gateway"].stop)  # registered last: stopped first
-    with progress.step(f"gateway on port {ports['gateway'][0]}"):
-        processes["gateway"].wait_serving()
+    with progress.step(f"gateway on port {ports['gateway'][0] if not edge else 'chosen at start'}"):
+        gateway_port = processes["gateway"].wait_serving()
+    if edge:
+        processes["edge"] = _start_edge(settings, stack, ports, gateway_port, progress)
     return ports, processes
 
 
-def up(inference_replicas: int = 1) -> int:
+def _start_edge(settings: ServiceSettings, stack: ExitStack, ports: dict, gateway_port: int,
+                progress: Progress) -> EdgeProcess:
+    """Envoy on the public port: Generate and Retrieve straight to the backends, the rest to the gateway."""
+    from gateway.settings import GatewaySettings
+
+    host = load_settings(GatewaySettings).host
+    inference = [f"127.0.0.1:{port}" for name, (port, _) in ports.items() if name.startswith("inference")]
+    with progress.step(f"edge (Envoy) on port {ports['gateway'][0]}, the gateway behind it on {gateway_port}"):
+        edge = EdgeProcess(settings.home / "run" / "edge", settings.tls_dir, listen=f"{host}:{ports['gateway'][0]}",
+                           gateway=f"127.0.0.1:{gateway_port}", inference=inference,
+                           retrieval=f"127.0.0.1:{ports['retrieval'][0]}", trust_domain=settings.trust_domain,
+                           keepalive_s=settings.keepalive_time_s)
+        stack.callback(edge.stop)  # registered after the gateway's: stopped first
+        edge.wait_answering()
+    return edge
+
+
+def up(inference_replicas: int = 1, edge: bool = False) -> int:
     """Run the stack until interrupted; 0 after a clean stop, 1 if a service failed to start.
 
     ``inference_replicas`` inference services start on consecutive ports, and
     the gateway routes across them (``AGW_GATEWAY_INFERENCE_TARGETS``).
+    ``edge``: Envoy on the public port, in front of all three (agentgw.edge).
     """
     from gateway.settings import GatewaySettings
     from inference.settings import InferenceSettings
@@ -256,7 +291,7 @@ def up(inference_replicas: int = 1) -> int:
                 with progress.step("smoke model (offline, random weights)"):
                     build_smoke_model(inference_settings.smoke_model_dir)
 
-            ports, processes = _start_services(settings, stack, database_url, inference_replicas, progress)
+            ports, processes = _start_services(settings, stack, database_url, inference_replicas, progress, edge)
         except ServiceStartError as exc:
             print(f"\nagentgw up: a service failed to start: {exc}", file=sys.stderr)
             return 1
@@ -265,7 +300,7 @@ def up(inference_replicas: int = 1) -> int:
         _ingest_once(settings, connection, progress)
         path = connection.write(settings.home)
         stack.callback(path.unlink, missing_ok=True)
-        _print_ready(connection, path)
+        _print_ready(connection, path, edge)
         signum = _wait_for_signal()
         print(f"\n{signal.Signals(signum).name}: draining the gateway, then the backends", flush=True)
     print("stopped.")

@@ -212,3 +212,45 @@ def test_a_second_up_reuses_the_data_and_the_doctor_names_what_is_off(tmp_path):
         assert "affinity: inference-1 " in doctor.stdout and " / inference-2 " in doctor.stdout
     finally:
         assert second.stop() == 0
+
+
+def test_up_with_the_edge_serves_the_public_port_through_envoy_and_stops_clean(tmp_path):
+    from agent.gateway.v1 import gateway_pb2
+    from agent.retrieval.v1 import retrieval_pb2
+    from servicekit.passthrough import unwrap
+
+    home = tmp_path / "home"
+    stack = Up(home, "--edge")
+    try:
+        stack.wait_for("Ctrl-C drains and stops everything")
+        printed = "".join(stack.output)
+        assert f"  edge (Envoy) on port {stack.ports['GATEWAY']}, the gateway behind it on" in printed
+        connection = json.loads((home / "connection.json").read_text())
+        assert connection["gateway"] == f"127.0.0.1:{stack.ports['GATEWAY']}" and "edge" in connection["pids"]
+
+        chat = stack.cli("chat", "--json", "--max-tokens", "4", "What does the with statement do?")  # via the gateway
+        assert chat.returncode == 0, chat.stderr
+        assert json.loads(chat.stdout.splitlines()[-1])["final"]["usage"]["completionTokens"] == 4
+
+        # Retrieve through the edge goes to the retrieval service itself, scoped to the tenant's "docs".
+        import grpc
+        from servicekit.tls import ClientTls
+
+        credentials = ClientTls.for_identity(home / "tls", "tenant/dev").credentials()
+        with grpc.secure_channel(connection["gateway"], credentials) as channel:
+            retrieve = channel.unary_unary("/agent.gateway.v1.AgentGateway/Retrieve",
+                                           request_serializer=gateway_pb2.RetrieveRequest.SerializeToString)
+            answer = retrieve(gateway_pb2.RetrieveRequest(request=retrieval_pb2.SearchRequest(
+                collection="docs", text="the with statement", top_k=2)), timeout=30)
+        assert len(retrieval_pb2.SearchResponse.FromString(unwrap(1, answer)).results) == 2
+        edge_log = (home / "run" / "edge" / "service.log").read_text()
+        assert "error" not in edge_log.lower(), edge_log
+
+        doctor = stack.cli("doctor")
+        assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+        processes = {pid for pid in connection["pids"].values()}
+    finally:
+        code = stack.stop()
+    assert code == 0, "".join(stack.output)
+    assert not [pid for pid in processes if _alive(pid)], "processes outlived agentgw up"
+    assert _free(stack.ports["GATEWAY"])
