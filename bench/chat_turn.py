@@ -323,6 +323,18 @@ def _report(level: str, concurrency: int, label: str, s: dict) -> None:
           f"the rest (hops and gateway) {s['paired_share_outside_engine']['p50']:+.2f} ms")
 
 
+def _start_edge(workdir: Path, tls: Path, ports: dict[str, int], gateway_port: int, started: list) -> int:
+    from agentgw.edge_process import EdgeProcess
+    from tests.support.servers import free_port
+
+    port = free_port()
+    edge = EdgeProcess(workdir, tls, listen=f"127.0.0.1:{port}", gateway=f"127.0.0.1:{gateway_port}",
+                       inference=[f"127.0.0.1:{ports['inference']}"], retrieval=f"127.0.0.1:{ports['retrieval']}")
+    started.append(edge)  # stopped with the processes (stop())
+    edge.wait_answering()
+    return port
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=50, help="turns per path and concurrency level")
@@ -343,22 +355,30 @@ def main() -> int:
                         help="AGW_INFERENCE_NICE and AGW_RETRIEVAL_NICE; the bench's own process "
                              "takes it too once the stack is up, so the load competes for CPU as the backends do, "
                              "and only the gateway (and Postgres) keep nice 0")
+    parser.add_argument("--edge", action="store_true",
+                        help="Chat through the edge (Envoy as `agentgw up --edge` runs it) in front of the gateway: "
+                             "the share then includes Envoy's hop")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     step = {} if args.window_step is None else {"history_window_step": args.window_step}
     window = load_settings(GatewaySettings, **step)  # the bench's direct prompts use the gateway's window
     root = scratch_dir("chat")
     tls = dev_pki(root, tenants=("dev", OFF_TENANT) if args.side_by_side else ("dev",))
-    nice = {"AGW_INFERENCE_NICE": str(args.backend_nice), "AGW_RETRIEVAL_NICE": str(args.backend_nice)}
-    with backend_processes(root, tls, **nice) as (ports, started):
+    backend_env = {"AGW_INFERENCE_NICE": str(args.backend_nice), "AGW_RETRIEVAL_NICE": str(args.backend_nice)}
+    if args.edge:  # the bench's own Retrieve calls (the direct path's context) go straight to retrieval
+        backend_env.update(AGW_INFERENCE_EDGE_CLIENTS="service/edge", AGW_RETRIEVAL_EDGE_CLIENTS="service/edge")
+    with backend_processes(root, tls, **backend_env) as (ports, started):
         variants = {"gateway": {}}
         if args.side_by_side:
             variants["gateway_off"] = SIDE_BY_SIDE[args.side_by_side][1]
         for name, env in variants.items():
             gateway = gateway_process(root, tls, name, ports,
-                                      AGW_GATEWAY_HISTORY_WINDOW_STEP=str(window.history_window_step), **env)
+                                      AGW_GATEWAY_HISTORY_WINDOW_STEP=str(window.history_window_step),
+                                      **({"AGW_GATEWAY_EDGE_CLIENTS": "service/edge"} if args.edge else {}), **env)
             started.append(gateway)
             ports[name] = gateway.wait_serving()
+            if args.edge:  # the client's Chat goes to the edge, which sends it on to this gateway
+                ports[name] = _start_edge(root / f"edge-{name}", tls, ports, ports[name], started)
         lower_priority(args.backend_nice)
         results = asyncio.run(run(ports, tls, args.turns, args.concurrency, window, sampling(args.max_tokens, args.temperature)))
 
