@@ -161,27 +161,27 @@ def envoy_config(tls: Path, port: int, retrieval_port: int, inference_port: int)
     }
 
 
-def _run_envoy(root: Path, name: str, config: dict) -> subprocess.Popen:
-    binary = shutil.which("envoy") or str(Path(sys.executable).parent / "envoy")
-    path = root / f"{name}.json"
-    path.write_text(json.dumps(config))
-    return subprocess.Popen([binary, "-c", str(path), "--concurrency", "2", "--log-level", "error",
-                             "--use-dynamic-base-id"], stdout=(root / f"{name}.log").open("wb"), stderr=subprocess.STDOUT)
-
-
 def start_envoy(root: Path, tls: Path, retrieval_port: int, inference_port: int) -> tuple[subprocess.Popen, int]:
+    binary = shutil.which("envoy") or str(Path(sys.executable).parent / "envoy")
     port = free_port()
-    return _run_envoy(root, "envoy", envoy_config(tls, port, retrieval_port, inference_port)), port
+    config = root / "envoy.json"
+    config.write_text(json.dumps(envoy_config(tls, port, retrieval_port, inference_port)))
+    process = subprocess.Popen([binary, "-c", str(config), "--concurrency", "2", "--log-level", "error"],
+                               stdout=(root / "envoy.log").open("wb"), stderr=subprocess.STDOUT)
+    return process, port
 
 
-def start_edge(root: Path, tls: Path, ports: dict[str, int], gateway_port: int) -> tuple[subprocess.Popen, int]:
-    """The product's edge (agentgw.edge), as `agentgw edge-config` writes it; Envoy --concurrency 2 as above."""
-    from agentgw.edge import edge_config
+def start_edge(root: Path, tls: Path, ports: dict[str, int], gateway_port: int):
+    """The product's edge, as `agentgw up --edge` runs it (agentgw.edge_process), with Envoy's --concurrency 2 as
+    above; returns it, answering, and its port."""
+    from agentgw.edge_process import EdgeProcess
 
     port = free_port()
-    config = edge_config(tls, listen=f"127.0.0.1:{port}", gateway=f"127.0.0.1:{gateway_port}",
-                         inference=[f"127.0.0.1:{ports['inference']}"], retrieval=f"127.0.0.1:{ports['retrieval']}")
-    return _run_envoy(root, "edge", config), port
+    edge = EdgeProcess(root / "edge", tls, listen=f"127.0.0.1:{port}", gateway=f"127.0.0.1:{gateway_port}",
+                       inference=[f"127.0.0.1:{ports['inference']}"], retrieval=f"127.0.0.1:{ports['retrieval']}",
+                       concurrency=2)
+    edge.wait_answering()
+    return edge, port
 
 
 async def run_level(calls, concurrency: int, total: int) -> tuple[list[float], float, int]:
@@ -414,8 +414,7 @@ def main() -> int:
                     rows += [{"workers": workers, **row} for row in measured]
                 finally:
                     if edge is not None:
-                        edge.terminate()
-                        edge.wait()
+                        edge.stop()
                     gateway.stop()
         finally:
             for proxy in (envoy, bare):
