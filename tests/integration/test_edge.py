@@ -223,3 +223,61 @@ async def test_an_oversized_request_is_refused_at_the_edge_before_any_backend_re
     refused = await _refusal(edge, pki, "tenant/dev", huge)
     assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "request: is over 4194304 bytes, the public port's bound" in refused.details()
+
+
+def _served_serial(port: int, pki) -> str | None:
+    """The serial of the certificate the edge presents on a new connection now (None while it does not listen)."""
+    import socket
+    import ssl
+
+    from cryptography import x509
+
+    files = pki.identity("tenant/dev")
+    context = ssl.create_default_context(cafile=str(files.ca))
+    context.load_cert_chain(str(files.cert), str(files.key))
+    context.check_hostname = False
+    context.set_alpn_protocols(["h2"])
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, \
+                context.wrap_socket(raw, server_hostname="localhost") as tls:
+            return format(x509.load_der_x509_certificate(tls.getpeercert(binary_form=True)).serial_number, "x")
+    except OSError:
+        return None
+
+
+async def test_the_edge_takes_a_renewed_certificate_without_a_restart(tmp_path):
+    """`agentgw certs --renew` replaces the files; Envoy re-reads them (file-based SDS, watching the identity's
+    folder) and presents the new certificate on the next handshake, as our services do. The upstream clusters use
+    the same secret, so their new connections carry it too. A bootstrap naming the files directly (this edge's
+    first version) kept the old certificate until a restart, past its expiry."""
+    from cryptography import x509
+
+    from agentgw.edge_process import EdgeProcess
+    from agentgw.pki import ensure_dev_pki
+    from tests.support.pki import make_test_pki
+    from tests.support.servers import free_port
+
+    pki = make_test_pki(tmp_path / "tls")
+    port = free_port()
+    # Nothing behind it: the handshake is the edge's own.
+    edge = EdgeProcess(tmp_path / "edge", pki.root, listen=f"127.0.0.1:{port}", gateway="127.0.0.1:9",
+                       inference=["127.0.0.1:9"], retrieval="127.0.0.1:9")
+    try:
+        for _ in range(200):
+            if (before := await asyncio.to_thread(_served_serial, port, pki)) is not None:
+                break
+            await asyncio.sleep(0.05)
+        assert before == format(x509.load_pem_x509_certificate(pki.identity("service/edge").cert.read_bytes())
+                                .serial_number, "x")
+        ensure_dev_pki(pki.root, tenants=("dev", "other"), renew=True)
+        renewed = format(x509.load_pem_x509_certificate(pki.identity("service/edge").cert.read_bytes())
+                         .serial_number, "x")
+        assert renewed != before
+        for _ in range(200):
+            if (served := await asyncio.to_thread(_served_serial, port, pki)) == renewed:
+                break
+            await asyncio.sleep(0.05)
+        assert served == renewed, "the edge still presents its old certificate 10 s after the renewal"
+        assert edge.process.poll() is None  # the same process: no restart
+    finally:
+        await asyncio.to_thread(edge.stop)

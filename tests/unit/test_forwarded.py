@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
@@ -43,8 +45,9 @@ def test_the_forwarded_certificate_must_name_the_header_uri(pki):
 
 
 def test_the_edge_config_sanitises_the_header_and_pins_each_backends_identity(tmp_path):
-    config = edge_config(tmp_path, listen="0.0.0.0:50051", gateway="gateway:50054",
-                         inference=["10.0.0.1:50053", "10.0.0.2:50053"], retrieval="retrieval:50052")
+    edge = edge_config(tmp_path, tmp_path / "run" / "envoy.json", listen="0.0.0.0:50051", gateway="gateway:50054",
+                       inference=["10.0.0.1:50053", "10.0.0.2:50053"], retrieval="retrieval:50052")
+    config = edge.bootstrap
     [listener] = config["static_resources"]["listeners"]
     manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
     assert manager["forward_client_cert_details"] == "SANITIZE_SET"
@@ -61,8 +64,20 @@ def test_the_edge_config_sanitises_the_header_and_pins_each_backends_identity(tm
     assert inference["type"] == "STATIC" and len(inference["load_assignment"]["endpoints"][0]["lb_endpoints"]) == 2
     assert clusters["retrieval"]["type"] == "STRICT_DNS"
     tls = inference["transport_socket"]["typed_config"]["common_tls_context"]
-    assert tls["validation_context"]["match_typed_subject_alt_names"] == [
+    validation = tls["combined_validation_context"]
+    assert validation["default_validation_context"]["match_typed_subject_alt_names"] == [
         {"san_type": "URI", "matcher": {"exact": "spiffe://agentgw.local/service/inference"}}]
-    assert tls["tls_certificates"][0]["certificate_chain"]["filename"] == str(tmp_path / "service/edge/cert.pem")
+    # The certificate, key and CA come from secret files that Envoy re-reads when the identity folder changes.
+    [certificate] = tls["tls_certificate_sds_secret_configs"]
+    source = certificate["sds_config"]["path_config_source"]
+    assert source["watched_directory"]["path"] == str(tmp_path / "service" / "edge")
+    written = edge.write()
+    assert written == tmp_path / "run" / "envoy.json" and json.loads(written.read_text()) == config
+    [secret] = json.loads(Path(source["path"]).read_text())["resources"]
+    assert secret["tls_certificate"]["certificate_chain"]["filename"] == str(tmp_path / "service/edge/cert.pem")
+    trust_source = validation["validation_context_sds_secret_config"]["sds_config"]["path_config_source"]
+    [trust] = json.loads(Path(trust_source["path"]).read_text())["resources"]
+    assert trust["validation_context"]["trusted_ca"]["filename"] == str(tmp_path / "service/edge/ca.pem")
     with pytest.raises(ValueError, match="is not host:port"):
-        edge_config(tmp_path, listen="nowhere", gateway="g:1", inference=["i:2"], retrieval="r:3")
+        edge_config(tmp_path, tmp_path / "envoy.json", listen="nowhere", gateway="g:1", inference=["i:2"],
+                    retrieval="r:3")
