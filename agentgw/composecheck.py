@@ -16,7 +16,17 @@ exits 1 if there are any. What it holds the file to:
 - all our services read certificates from one ``AGW_TLS_DIR``, and each mounts,
   read-only, only its own identity's folder (``service/<name>``, as a
   ``subpath`` of the volume the certificate job writes): never the whole
-  volume, which holds the CA's key, nor another identity's folder and key.
+  volume, which holds the CA's key, nor another identity's folder and key;
+- with an edge (``compose/edge.yml``: Envoy, running the bootstrap that an
+  ``agentgw edge-config`` job writes), the edge is the one published port: it
+  runs that job's file, mounts only ``service/edge``, the job's targets name
+  our services on their ports, and every service of ours believes the edge
+  (``AGW_<SERVICE>_EDGE_CLIENTS``), or the backends would not serve it
+  ``Generate`` and ``Retrieve``.
+
+``python -m agentgw.composecheck BASE OVERRIDE`` checks the files merged as
+``docker compose -f BASE -f OVERRIDE`` merges them (maps merge, sequences
+append, ``!reset`` and ``!override`` as the Compose specification says).
 """
 
 from __future__ import annotations
@@ -31,6 +41,8 @@ import yaml
 
 from servicekit.settings import environment_names
 
+from agentgw.edge import EDGE
+
 #: ``agentgw serve NAME`` -> the service's settings class, by import path.
 SETTINGS = {
     "gateway": "gateway.settings:GatewaySettings",
@@ -40,6 +52,12 @@ SETTINGS = {
 #: Variables our code reads outside the Settings classes: none.
 EXTRA_VARIABLES: set[str] = set()
 DEFAULT_FILE = Path(__file__).resolve().parents[1] / "compose" / "docker-compose.yml"
+#: The override that puts the edge in front: docker compose -f DEFAULT_FILE -f EDGE_FILE.
+EDGE_FILE = DEFAULT_FILE.with_name("edge.yml")
+#: An edge is a service of this image, running the bootstrap a job of this command writes.
+EDGE_IMAGE = "envoyproxy/envoy"
+EDGE_CONFIG_COMMAND = "edge-config"
+EDGE_IDENTITY = str(EDGE)
 
 
 def _settings_class(service: str):
@@ -152,6 +170,7 @@ def check(compose: dict) -> list[str]:
     problems += _check_certificates(services, served)
     problems += _check_exposure(compose, served)
     problems += _check_secrets(services, served)
+    problems += _check_edges(services, served, listening)
     return problems
 
 
@@ -168,15 +187,23 @@ def _published(mapping) -> tuple[str, str]:
     return (parts[0] if len(parts) == 3 else ""), parts[-2] if len(parts) > 1 else parts[0]
 
 
+def _edges(services: dict) -> list[str]:
+    return [name for name, spec in services.items() if str(spec.get("image", "")).startswith(EDGE_IMAGE)]
+
+
 def _check_exposure(compose: dict, served: dict) -> list[str]:
     problems = []
     services = compose.get("services") or {}
     internal = {name for name, spec in (compose.get("networks") or {}).items() if (spec or {}).get("internal")}
+    # The public door: the edge where there is one (the gateway sits behind it), else the gateway.
+    edges = _edges(services)
+    door = "the edge" if edges else "the gateway"
     for name, spec in services.items():
         for mapping in spec.get("ports", []):
             host, port = _published(mapping)
-            if served[name] != "gateway" and host not in ("127.0.0.1", "::1", "localhost"):
-                problems.append(f"{name}: publishes port {port} on every host interface; only the gateway's public "
+            public = name in edges if edges else served[name] == "gateway"
+            if not public and host not in ("127.0.0.1", "::1", "localhost"):
+                problems.append(f"{name}: publishes port {port} on every host interface; only {door}'s public "
                                 "port may be, bind others to 127.0.0.1")
         image = str(spec.get("image", ""))
         if image.startswith(DATA_STORES):
@@ -282,18 +309,149 @@ def _check_identity_mount(name: str, spec: dict, volume: str | None, tls_dir: st
     return problems
 
 
-def load(path: Path = DEFAULT_FILE) -> dict:
-    return yaml.safe_load(Path(path).read_text())
+def _option(command: list, flag: str) -> str | None:
+    return str(command[command.index(flag) + 1]) if flag in command and command.index(flag) + 1 < len(command) else None
+
+
+def _check_edges(services: dict, served: dict, listening: dict) -> list[str]:
+    """An edge runs the bootstrap its job writes, holds only its own key, reaches our services on their ports, and
+    is believed by each of them."""
+    problems = []
+    jobs = {name: spec for name, spec in services.items() if (spec.get("command") or [None])[0] == EDGE_CONFIG_COMMAND}
+    for edge in _edges(services):
+        spec = services[edge]
+        config = _option(list(spec.get("command") or []), "-c")
+        job = next((name for name in jobs if _edge_config_path(jobs[name], spec) == config), None)
+        if config is None or job is None:
+            problems.append(f"{edge}: runs {config!r}, which no '{EDGE_CONFIG_COMMAND} --out' job writes into a "
+                            "volume it mounts at the job's own path")
+            continue
+        command = [str(part) for part in jobs[job]["command"]]
+        if (spec.get("depends_on") or {}).get(job, {}).get("condition") != "service_completed_successfully":
+            problems.append(f"{edge}: does not wait for {job} (depends_on, condition service_completed_successfully)")
+        problems += _check_edge_identity(edge, spec, services, command)
+        problems += _check_edge_routes(edge, spec, command, served, listening)
+        for name, service in served.items():
+            believed = _environment(services[name]).get(f"AGW_{(service or '').upper()}_EDGE_CLIENTS", "")
+            if service and EDGE_IDENTITY not in [entry.strip() for entry in believed.split(",")]:
+                problems.append(f"{name}: AGW_{service.upper()}_EDGE_CLIENTS does not name {EDGE_IDENTITY}: it would "
+                                f"refuse what {edge} forwards" + (" (Generate and Retrieve: UNIMPLEMENTED)"
+                                                                  if service != "gateway" else ""))
+    return problems
+
+
+def _edge_config_path(job: dict, edge: dict) -> str | None:
+    """The bootstrap ``job`` writes, if ``edge`` mounts the volume it is written into at the same path: the bootstrap
+    names its secret files by their paths as the job wrote them."""
+    out = _option(list(job.get("command") or []), "--out")
+    for written in _mount_list(job):
+        if out and out.startswith(written.target.rstrip("/") + "/"):
+            for seen in _mount_list(edge):
+                if (seen.source, seen.target.rstrip("/"), seen.subpath) == (written.source, written.target.rstrip("/"), ""):
+                    return out
+    return None
+
+
+def _check_edge_identity(edge: str, spec: dict, services: dict, command: list[str]) -> list[str]:
+    tls_dir = _option(command, "--tls-dir") or ""
+    writers = [s for s in services.values() if "certs" in (s.get("command") or []) and "--dir" in s["command"]]
+    for writer in writers:
+        path = _option(writer["command"], "--dir")
+        if path != tls_dir:
+            return [f"{edge}: its bootstrap reads certificates under {tls_dir} (--tls-dir) but the certificates are "
+                    f"written to {path}"]
+        return _check_identity_mount(edge, spec, _mounts(writer).get(path), tls_dir, EDGE_IDENTITY)
+    return []
+
+
+def _check_edge_routes(edge: str, spec: dict, command: list[str], served: dict, listening: dict) -> list[str]:
+    problems = []
+    listen = (_option(command, "--listen") or "").rpartition(":")[2]
+    if not listen.isdigit() or int(listen) not in _container_ports(spec):
+        problems.append(f"{edge}: listens on {listen!r} (--listen) but exposes {sorted(_container_ports(spec))}")
+    for flag, service in (("--gateway", "gateway"), ("--inference", "inference"), ("--retrieval", "retrieval")):
+        for target in (_option(command, flag) or "").split(","):
+            host, _, port = target.strip().rpartition(":")
+            if served.get(host) != service:
+                problems.append(f"{edge}: {flag} {target!r} names no {service} service of this file")
+            elif host in listening and int(port or 0) != listening[host]:
+                problems.append(f"{edge}: {flag} {target!r} uses port {port} but {host} listens on {listening[host]}")
+    return problems
+
+
+class _Reset:
+    """``!reset``: the key is gone from the merged file."""
+
+
+class _Override:
+    """``!override VALUE``: VALUE replaces the base's instead of merging with it."""
+
+    def __init__(self, value) -> None:
+        self.value = value
+
+
+class _ComposeLoader(yaml.SafeLoader):
+    """YAML with the Compose specification's merge tags."""
+
+
+def _construct(loader: yaml.SafeLoader, node: yaml.Node):
+    if isinstance(node, yaml.MappingNode):
+        return loader.construct_mapping(node, deep=True)
+    if isinstance(node, yaml.SequenceNode):
+        return loader.construct_sequence(node, deep=True)
+    return loader.construct_scalar(node)
+
+
+_ComposeLoader.add_constructor("!reset", lambda loader, node: _Reset())
+_ComposeLoader.add_constructor("!override", lambda loader, node: _Override(_construct(loader, node)))
+
+
+def _merged(base, override):
+    """``override`` over ``base``, as ``docker compose -f BASE -f OVERRIDE`` merges them."""
+    if isinstance(override, _Override):
+        return _plain(override.value)
+    if isinstance(base, dict) and isinstance(override, dict):
+        merged = dict(base)
+        for key, value in override.items():
+            if isinstance(value, _Reset):
+                merged.pop(key, None)
+            else:
+                merged[key] = _merged(base[key], value) if key in base else _plain(value)
+        return merged
+    if isinstance(base, list) and isinstance(override, list):
+        return [*base, *(item for item in _plain(override) if item not in base)]
+    return _plain(override)
+
+
+def _plain(value):
+    """A value with its merge tags applied to nothing (a file read on its own)."""
+    if isinstance(value, _Override):
+        return _plain(value.value)
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items() if not isinstance(item, _Reset)}
+    if isinstance(value, list):
+        return [_plain(item) for item in value if not isinstance(item, _Reset)]
+    return value
+
+
+def load(*paths: Path) -> dict:
+    """The compose files merged in order (the base file alone by default)."""
+    merged: dict = {}
+    for path in paths or (DEFAULT_FILE,):
+        merged = _merged(merged, yaml.load(Path(path).read_text(), Loader=_ComposeLoader) or {})
+    return merged
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    path = Path(argv[0]) if argv else DEFAULT_FILE
-    problems = check(load(path))
+    paths = [Path(a) for a in argv] or [DEFAULT_FILE]
+    compose = load(*paths)
+    where = " + ".join(map(str, paths))
+    problems = check(compose)
     for problem in problems:
-        print(f"{path}: {problem}")
+        print(f"{where}: {problem}")
     if not problems:
-        print(f"{path}: ok ({len(load(path)['services'])} services)")
+        print(f"{where}: ok ({len(compose['services'])} services)")
     return 1 if problems else 0
 
 

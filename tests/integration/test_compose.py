@@ -96,3 +96,110 @@ def test_the_command_line_exits_1_on_a_broken_file(compose, tmp_path, capsys):
     assert composecheck.main([str(path)]) == 1
     assert "gateway: no healthcheck" in capsys.readouterr().out
     assert composecheck.main([]) == 0
+
+
+# The edge: compose/edge.yml over the base file, as `docker compose -f BASE -f EDGE` merges them.
+
+@pytest.fixture(scope="module")
+def with_edge() -> dict:
+    return composecheck.load(composecheck.DEFAULT_FILE, composecheck.EDGE_FILE)
+
+
+def test_the_edge_override_holds_and_takes_the_public_port(with_edge):
+    assert composecheck.check(with_edge) == []
+    services = with_edge["services"]
+    assert services["edge"]["ports"] == ["50051:50051"]
+    assert "ports" not in services["gateway"] and services["gateway"]["networks"] == ["internal"]
+    for name in ("gateway", "inference", "retrieval"):
+        assert services[name]["environment"][f"AGW_{name.upper()}_EDGE_CLIENTS"] == "service/edge"
+    # The override only adds: the base's environment is still there.
+    assert services["gateway"]["environment"]["AGW_GATEWAY_RETRIEVAL_TARGET"] == "retrieval:50052"
+
+
+def _job(services: dict) -> list:
+    return services["edge-config"]["command"]
+
+
+def _set_option(command: list, flag: str, value: str) -> None:
+    command[command.index(flag) + 1] = value
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    (lambda s: s["inference"]["environment"].pop("AGW_INFERENCE_EDGE_CLIENTS"),
+     "inference: AGW_INFERENCE_EDGE_CLIENTS does not name service/edge: it would refuse what edge forwards "
+     "(Generate and Retrieve: UNIMPLEMENTED)"),
+    (lambda s: s["gateway"]["environment"].update(AGW_GATEWAY_EDGE_CLIENTS="service/proxy"),
+     "gateway: AGW_GATEWAY_EDGE_CLIENTS does not name service/edge"),
+    (lambda s: s["gateway"].update(ports=["50052:50051"]),
+     "gateway: publishes port 50052 on every host interface; only the edge's public port may be"),
+    (lambda s: s["edge"]["volumes"].append("tls:/tls:ro"), "edge: mounts the whole certificate volume"),
+    (lambda s: s["edge"]["volumes"][0]["volume"].update(subpath="service/gateway"),
+     "edge: mounts another identity's folder (service/gateway)"),
+    (lambda s: _set_option(_job(s), "--inference", "inference:50099"),
+     "edge: --inference 'inference:50099' uses port 50099 but inference listens on 50053"),
+    (lambda s: _set_option(_job(s), "--retrieval", "search:50052"),
+     "edge: --retrieval 'search:50052' names no retrieval service"),
+    (lambda s: _set_option(_job(s), "--gateway", "retrieval:50052"),
+     "edge: --gateway 'retrieval:50052' names no gateway service"),
+    (lambda s: _set_option(_job(s), "--listen", "0.0.0.0:8443"), "edge: listens on '8443' (--listen)"),
+    (lambda s: _set_option(_job(s), "--tls-dir", "/certs"), "its bootstrap reads certificates under /certs"),
+    (lambda s: _set_option(s["edge"]["command"], "-c", "/data/other.json"),
+     "edge: runs '/data/other.json', which no 'edge-config --out' job writes"),
+    (lambda s: s["edge"]["volumes"][1].update(target="/edge"), "at the job's own path"),
+    (lambda s: s["edge"]["depends_on"].pop("edge-config"), "edge: does not wait for edge-config"),
+    (lambda s: s["edge"].update(image="envoyproxy/envoy:latest"), "edge: image 'envoyproxy/envoy:latest' is not pinned"),
+])
+def test_a_broken_edge_fails_naming_the_problem(with_edge, change, expected):
+    problems = _broken(with_edge, change)
+    assert any(expected in problem for problem in problems), problems
+
+
+def test_the_merge_follows_compose(tmp_path):
+    (tmp_path / "base.yml").write_text(
+        "services:\n  a:\n    image: x:1\n    ports: ['1:1']\n    networks: [one, two]\n    expose: ['9']\n"
+        "    environment: {A: '1', B: '2'}\n")
+    (tmp_path / "over.yml").write_text(
+        "services:\n  a:\n    ports: !reset []\n    networks: !override [three]\n    expose: ['8']\n"
+        "    environment: {B: '3', C: '4'}\n  b:\n    image: y:2\n    networks: !override [four]\n")
+    merged = composecheck.load(tmp_path / "base.yml", tmp_path / "over.yml")
+    assert merged["services"]["a"] == {"image": "x:1", "networks": ["three"], "expose": ["9", "8"],
+                                       "environment": {"A": "1", "B": "3", "C": "4"}}
+    assert merged["services"]["b"] == {"image": "y:2", "networks": ["four"]}
+
+
+def test_the_edge_layout_follows_the_compose_spec(with_edge, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    merged = tmp_path / "merged.yml"
+    merged.write_text(yaml.safe_dump(with_edge))
+    checker = Path(sys.executable).with_name("check-jsonschema")
+    result = subprocess.run([str(checker), "--builtin-schema", "vendor.compose-spec", str(merged)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_edge_jobs_bootstrap_is_one_envoy_accepts(with_edge, pki, tmp_path):
+    """The job's own arguments, with the test PKI for /tls: `agentgw edge-config` writes a file that Envoy's
+    validate mode loads (certificates read, listeners and clusters built; compose's DNS names not resolved)."""
+    import subprocess
+
+    from agentgw.cli import main
+    from agentgw.edge_process import envoy_binary
+
+    command = [str(part) for part in with_edge["services"]["edge-config"]["command"]]
+    _set_option(command, "--tls-dir", str(pki.root))
+    _set_option(command, "--out", str(tmp_path / "envoy.json"))
+    assert main(command) == 0
+    result = subprocess.run([envoy_binary(), "--mode", "validate", "-c", str(tmp_path / "envoy.json"),
+                             "--disable-hot-restart", "--log-level", "warning"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "OK" in result.stdout, result.stdout + result.stderr
+
+
+def test_the_command_line_checks_the_files_merged(capsys):
+    assert composecheck.main([str(composecheck.DEFAULT_FILE), str(composecheck.EDGE_FILE)]) == 0
+    assert "ok (9 services)" in capsys.readouterr().out
