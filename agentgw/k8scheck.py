@@ -20,7 +20,14 @@ one line per problem, and exits 1 if there are any. What it holds them to:
   requests and limits are set; pods run non-root, containers without
   privilege escalation and on a read-only root filesystem; images are pinned;
 - NetworkPolicies deny ingress by default, and the backends' ports admit the
-  gateway's pods only.
+  gateway's pods only (and the edge's, where there is one);
+- an edge (``components/edge``: Envoy, with the bootstrap an ``agentgw
+  edge-config`` init container writes) runs that bootstrap from the path it
+  was written at, mounts exactly ``/tls/service/edge`` from the edge's
+  Certificate, reaches each service through a headless Service selecting its
+  pods on its port, is the only way into the gateway's port, and is believed
+  by every service of ours (``AGW_<SERVICE>_EDGE_CLIENTS``), or the backends
+  would answer it ``UNIMPLEMENTED``.
 """
 
 from __future__ import annotations
@@ -31,12 +38,12 @@ from pathlib import Path
 
 import yaml
 
-from agentgw.composecheck import SETTINGS, _pinned, _settings_class
+from agentgw.composecheck import EDGE_CONFIG_COMMAND, EDGE_IDENTITY, EDGE_IMAGE, SETTINGS, _pinned, _settings_class
 from servicekit.identity import DEFAULT_TRUST_DOMAIN
 from servicekit.settings import environment_names
 
 ROOT = Path(__file__).resolve().parents[1] / "deploy" / "k8s"
-DEFAULT_DIRS = (ROOT / "base", ROOT / "overlays" / "gpu")
+DEFAULT_DIRS = (ROOT / "base", ROOT / "overlays" / "gpu", ROOT / "overlays" / "edge")
 CERT_MANAGER_SCHEMA = ROOT / "schemas" / "cert-manager.io-v1.json"
 #: The Kubernetes release whose schemas the manifests are held to.
 KUBERNETES_VERSION = "1.31.0"
@@ -62,13 +69,15 @@ def _merge(base, patch):
     return patch
 
 
-def render(directory: Path) -> list[dict]:
-    """The resources of the kustomization in ``directory``."""
-    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+def _resources(directory: Path, kustomization: dict) -> list[dict]:
     docs: list[dict] = []
     for resource in kustomization.get("resources", []):
         path = directory / resource
         docs += render(path) if path.is_dir() else [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return docs
+
+
+def _patched(directory: Path, kustomization: dict, docs: list[dict]) -> list[dict]:
     for patch in kustomization.get("patches", []):
         change = yaml.safe_load((directory / patch["path"]).read_text())
         matches = [i for i, d in enumerate(docs) if (d["kind"], d["metadata"]["name"]) ==
@@ -76,13 +85,28 @@ def render(directory: Path) -> list[dict]:
         if len(matches) != 1:
             raise ValueError(f"{directory}: patch {patch['path']} matches {len(matches)} resources")
         docs[matches[0]] = _merge(docs[matches[0]], change)
+    return docs
+
+
+def render(directory: Path) -> list[dict]:
+    """The resources of the kustomization in ``directory``. A component (``components``) adds its resources to
+    what came before and patches them, then the kustomization's own patches apply, as kustomize orders them."""
+    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    docs = _resources(directory, kustomization)
+    for component in kustomization.get("components", []):
+        path = directory / component
+        spec = yaml.safe_load((path / "kustomization.yaml").read_text())
+        if spec.get("kind") != "Component":
+            raise ValueError(f"{path}: a component's kustomization must say kind: Component")
+        docs = _patched(path, spec, docs + _resources(path, spec))
+    docs = _patched(directory, kustomization, docs)
     images = {image["name"]: f"{image['newName']}:{image['newTag']}" for image in kustomization.get("images", [])}
     for doc in docs:
         if kustomization.get("namespace") and doc["kind"] not in CLUSTER_SCOPED:
             doc["metadata"]["namespace"] = kustomization["namespace"]
         for pairs in kustomization.get("labels", []):
             doc["metadata"].setdefault("labels", {}).update(pairs["pairs"])
-        for container in _containers(doc):
+        for container in _containers(doc, init=True):
             container["image"] = images.get(container["image"], container["image"])
     return docs
 
@@ -91,9 +115,10 @@ def _pod(doc: dict) -> dict | None:
     return doc["spec"]["template"]["spec"] if doc["kind"] in ("Deployment", "StatefulSet") else None
 
 
-def _containers(doc: dict) -> list[dict]:
+def _containers(doc: dict, init: bool = False) -> list[dict]:
+    """The pod's containers (and its init containers first, with ``init``)."""
     pod = _pod(doc)
-    return pod["containers"] if pod else []
+    return [*(pod.get("initContainers", []) if init else []), *pod["containers"]] if pod else []
 
 
 def _served(container: dict) -> str | None:
@@ -131,7 +156,7 @@ def check(docs: list[dict]) -> list[str]:
     services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
     certificates = {d["spec"]["secretName"]: d for d in docs if d["kind"] == "Certificate"}
     for doc in docs:
-        for container in _containers(doc):
+        for container in _containers(doc, init=True):
             where = f"{doc['kind']}/{doc['metadata']['name']}/{container['name']}"
             if not _pinned(container["image"]):
                 problems.append(f"{where}: image {container['image']!r} is not pinned to a version")
@@ -139,7 +164,13 @@ def check(docs: list[dict]) -> list[str]:
             service = _served(container)
             if service is not None:
                 problems += _check_ours(where, doc, container, service, services, docs, certificates)
+            if container["image"].startswith(EDGE_IMAGE):
+                problems += _check_edge(where, doc, container, services, docs, certificates)
     problems += _check_network(docs)
+    homeless = [f"{d['kind']}/{d['metadata']['name']}" for d in docs
+                if d["kind"] not in CLUSTER_SCOPED and not d["metadata"].get("namespace")]
+    if homeless:
+        problems.append(f"no namespace (set one in the kustomization that brings them): {', '.join(homeless)}")
     return problems
 
 
@@ -182,8 +213,8 @@ def _check_ours(where, doc, container, service, services, docs, certificates) ->
     return problems
 
 
-def _check_identity(where, doc, container, service, certificates) -> list[str]:
-    tls_dir = _env(container).get("AGW_TLS_DIR") or "/tls"
+def _check_identity(where, doc, container, service, certificates, tls_dir: str | None = None) -> list[str]:
+    tls_dir = tls_dir or _env(container).get("AGW_TLS_DIR") or "/tls"
     own = f"{tls_dir}/service/{service}"
     mounts = [m for m in container.get("volumeMounts", []) if m["mountPath"].startswith(tls_dir)]
     if [m["mountPath"] for m in mounts] != [own] or not mounts[0].get("readOnly"):
@@ -218,9 +249,15 @@ def _selects(service: dict, docs: list[dict], name: str) -> dict | None:
 
 
 def _check_targets(where, env, services, docs) -> list[str]:
-    problems = []
     targets = [("inference", entry) for entry in (env.get("AGW_GATEWAY_INFERENCE_TARGETS") or "").split(",") if entry]
     targets.append(("retrieval", env.get("AGW_GATEWAY_RETRIEVAL_TARGET") or ""))
+    return _check_reached(where, targets, services, docs)
+
+
+def _check_reached(where, targets: list[tuple[str, str]], services, docs, headless: bool = False) -> list[str]:
+    """Each (service, host:port) names a Service of the manifests that selects that service's pods and forwards the
+    port to the one it listens on; ``headless``: every target's Service must be headless."""
+    problems = []
     for backend, target in targets:
         host, _, port = target.removeprefix("dns:///").rpartition(":")
         service = services.get(host.split(".")[0])
@@ -234,9 +271,53 @@ def _check_targets(where, env, services, docs) -> list[str]:
                 for p in service["spec"]["ports"]):
             problems.append(f"{where}: {backend} target {target!r}: the Service does not forward port {port} to "
                             f"{backend}'s {listening}")
-        if backend == "inference" and target.startswith("dns:///") and service["spec"].get("clusterIP") != "None":
+        if (headless or backend == "inference" and target.startswith("dns:///")) and \
+                service["spec"].get("clusterIP") != "None":
             problems.append(f"{where}: {target!r} needs a headless Service (clusterIP: None) to see every replica")
     return problems
+
+
+def _option(args: list, flag: str) -> str | None:
+    return str(args[args.index(flag) + 1]) if flag in args and args.index(flag) + 1 < len(args) else None
+
+
+def _check_edge(where, doc, container, services, docs, certificates) -> list[str]:
+    """The edge runs its init container's bootstrap, holds its own identity alone, reaches each service through a
+    headless Service, and is believed by all of ours."""
+    problems = []
+    pod = _pod(doc)
+    config = _option(container.get("args") or [], "-c")
+    job = next((c for c in pod.get("initContainers", []) if (c.get("args") or [None])[0] == EDGE_CONFIG_COMMAND), None)
+    if job is None:
+        return [f"{where}: no init container runs '{EDGE_CONFIG_COMMAND}' to write its bootstrap"]
+    args = [str(a) for a in job["args"]]
+    out = _option(args, "--out") or ""
+    written = {m["name"]: m["mountPath"] for m in job.get("volumeMounts", [])}
+    seen = {m["name"]: m["mountPath"] for m in container.get("volumeMounts", [])}
+    shared = [name for name, path in written.items() if out.startswith(path.rstrip("/") + "/") and seen.get(name) == path]
+    if config != out or not shared:
+        problems.append(f"{where}: runs {config!r}, but {job['name']} writes {out!r}: mount its volume at the same path "
+                        "(the bootstrap names its secret files by their paths there)")
+    problems += _check_identity(where, doc, container, "edge", certificates, tls_dir=_option(args, "--tls-dir"))
+    listen = (_option(args, "--listen") or "").rpartition(":")[2]
+    if not listen.isdigit() or int(listen) not in {p["containerPort"] for p in container.get("ports", [])}:
+        problems.append(f"{where}: listens on {listen!r} (--listen), not one of its container ports")
+    targets = [(name, target.strip()) for name in ("gateway", "inference", "retrieval")
+               for target in (_option(args, f"--{name}") or "").split(",")]
+    problems += _check_reached(where, targets, services, docs, headless=True)
+    for other in docs:
+        for ours in _containers(other):
+            served = _served(ours)
+            believed = (_env(ours).get(f"AGW_{(served or '').upper()}_EDGE_CLIENTS") or "").split(",")
+            if served and EDGE_IDENTITY not in [entry.strip() for entry in believed]:
+                problems.append(f"{other['kind']}/{other['metadata']['name']}/{ours['name']}: AGW_{served.upper()}"
+                                f"_EDGE_CLIENTS does not name {EDGE_IDENTITY}: it would refuse what the edge forwards"
+                                + (" (Generate and Retrieve: UNIMPLEMENTED)" if served != "gateway" else ""))
+    return problems
+
+
+def _pods_of(name: str) -> dict:
+    return {"podSelector": {"matchLabels": {"app.kubernetes.io/name": name}}}
 
 
 def _check_network(docs: list[dict]) -> list[str]:
@@ -244,13 +325,19 @@ def _check_network(docs: list[dict]) -> list[str]:
     problems = []
     if not any(p["spec"]["podSelector"] == {} and not p["spec"].get("ingress") for p in policies):
         problems.append("NetworkPolicy: no default deny of ingress (podSelector {} and no ingress rule)")
-    for backend, port in (("agw-inference", 50053), ("agw-retrieval", 50052)):
+    edge = any(c["image"].startswith(EDGE_IMAGE) for d in docs for c in _containers(d))
+    callers = [_pods_of("agw-gateway"), *([_pods_of("agw-edge")] if edge else [])]
+    doors = [("agw-inference", 50053, callers), ("agw-retrieval", 50052, callers),
+             *([("agw-gateway", 50051, [_pods_of("agw-edge")])] if edge else [])]
+    for target, port, allowed in doors:
         rules = [rule for p in policies if p["spec"]["podSelector"].get("matchLabels") == {
-            "app.kubernetes.io/name": backend} for rule in p["spec"].get("ingress", [])]
+            "app.kubernetes.io/name": target} for rule in p["spec"].get("ingress", [])]
         admitting = [r for r in rules if any(p.get("port") == port for p in r.get("ports", []))]
         sources = [source for r in admitting for source in r.get("from", [None])]
-        if not admitting or sources != [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "agw-gateway"}}}]:
-            problems.append(f"NetworkPolicy: {backend}'s port {port} must admit the gateway's pods only (got {sources})")
+        if not admitting or sorted(map(str, sources)) != sorted(map(str, allowed)):
+            who = " and ".join(s["podSelector"]["matchLabels"]["app.kubernetes.io/name"].removeprefix("agw-")
+                               for s in allowed)
+            problems.append(f"NetworkPolicy: {target}'s port {port} must admit the {who}'s pods only (got {sources})")
     return problems
 
 

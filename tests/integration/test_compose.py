@@ -183,21 +183,10 @@ def test_the_edge_layout_follows_the_compose_spec(with_edge, tmp_path):
 
 
 def test_the_edge_jobs_bootstrap_is_one_envoy_accepts(with_edge, pki, tmp_path):
-    """The job's own arguments, with the test PKI for /tls: `agentgw edge-config` writes a file that Envoy's
-    validate mode loads (certificates read, listeners and clusters built; compose's DNS names not resolved)."""
-    import subprocess
+    """The job's own arguments, with the test PKI for /tls and a folder here for /data."""
+    from tests.support.edge import assert_edge_config_loads
 
-    from agentgw.cli import main
-    from agentgw.edge_process import envoy_binary
-
-    command = [str(part) for part in with_edge["services"]["edge-config"]["command"]]
-    _set_option(command, "--tls-dir", str(pki.root))
-    _set_option(command, "--out", str(tmp_path / "envoy.json"))
-    assert main(command) == 0
-    result = subprocess.run([envoy_binary(), "--mode", "validate", "-c", str(tmp_path / "envoy.json"),
-                             "--disable-hot-restart", "--log-level", "warning"],
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0 and "OK" in result.stdout, result.stdout + result.stderr
+    assert_edge_config_loads(with_edge["services"]["edge-config"]["command"], pki.root, tmp_path)
 
 
 def test_the_command_line_checks_the_files_merged(capsys):

@@ -110,3 +110,87 @@ def _broken(docs: list[dict], change) -> list[str]:
 def test_each_check_fires(base, change, expected):
     problems = _broken(base, change)
     assert any(expected in problem for problem in problems), problems
+
+
+# The edge: components/edge, in overlays/edge over the base.
+
+@pytest.fixture(scope="module")
+def with_edge() -> list[dict]:
+    return k8scheck.render(k8scheck.ROOT / "overlays" / "edge")
+
+
+def _edge_pod(docs: list[dict]) -> dict:
+    return _find(docs, "Deployment", "agw-edge")["spec"]["template"]["spec"]
+
+
+def _edge_job_args(docs: list[dict]) -> list:
+    return _edge_pod(docs)["initContainers"][0]["args"]
+
+
+def _set(args: list, flag: str, value: str) -> None:
+    args[args.index(flag) + 1] = value
+
+
+def test_the_edge_overlay_puts_envoy_in_front(with_edge):
+    assert k8scheck.check(with_edge) == []
+    pod = _edge_pod(with_edge)
+    assert pod["containers"][0]["image"] == "envoyproxy/envoy:v1.40.0"
+    assert pod["initContainers"][0]["image"] == "registry.example.com/agent-gateway:0.1.0"
+    assert _find(with_edge, "Service", "agw-edge")["spec"]["ports"][0]["port"] == 50051
+    for kind, name in (("Deployment", "agw-gateway"), ("StatefulSet", "agw-inference"), ("Deployment", "agw-retrieval")):
+        service = name.removeprefix("agw-").upper()
+        assert _env(_container(with_edge, kind, name), f"AGW_{service}_EDGE_CLIENTS")["value"] == "service/edge"
+        # Merged into the base's environment, not replacing it.
+        assert _env(_container(with_edge, kind, name), "AGW_TLS_DIR")["value"] == "/tls"
+    assert _find(with_edge, "Certificate", "agw-edge")["spec"]["uris"] == ["spiffe://agentgw.local/service/edge"]
+    assert all(d["metadata"]["namespace"] == "agw" for d in with_edge if d["kind"] != "Namespace")
+
+
+def test_the_edge_init_containers_arguments_make_a_bootstrap_envoy_accepts(with_edge, pki, tmp_path):
+    """Its own arguments, with the test PKI for /tls and a folder here for /edge."""
+    from tests.support.edge import assert_edge_config_loads
+
+    assert_edge_config_loads(_edge_job_args(with_edge), pki.root, tmp_path)
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    (lambda d: _container(d, "StatefulSet", "agw-inference")["env"].remove(
+        _env(_container(d, "StatefulSet", "agw-inference"), "AGW_INFERENCE_EDGE_CLIENTS")),
+     "StatefulSet/agw-inference/inference: AGW_INFERENCE_EDGE_CLIENTS does not name service/edge: it would refuse "
+     "what the edge forwards (Generate and Retrieve: UNIMPLEMENTED)"),
+    (lambda d: _set(_edge_job_args(d), "--inference", "agw-inference.agw.svc.cluster.local:50099"),
+     "the Service does not forward port 50099"),
+    (lambda d: _set(_edge_job_args(d), "--gateway", "agw-gateway.agw.svc.cluster.local:50051"),
+     "'agw-gateway.agw.svc.cluster.local:50051' needs a headless Service"),
+    (lambda d: _set(_edge_job_args(d), "--retrieval", "agw-qdrant.agw.svc.cluster.local:6334"),
+     "names no Service selecting the retrieval pods"),
+    (lambda d: _set(_edge_job_args(d), "--listen", "0.0.0.0:8443"), "listens on '8443' (--listen)"),
+    (lambda d: _set(_edge_job_args(d), "--out", "/tmp/envoy.json"), "writes '/tmp/envoy.json'"),
+    (lambda d: _edge_pod(d)["containers"][0]["volumeMounts"][1].update(mountPath="/config"),
+     "mount its volume at the same path"),
+    (lambda d: _edge_pod(d)["initContainers"].clear(), "no init container runs 'edge-config'"),
+    (lambda d: _find(d, "Certificate", "agw-edge")["spec"].update(uris=["spiffe://agentgw.local/service/gateway"]),
+     "not ['spiffe://agentgw.local/service/edge']"),
+    (lambda d: _edge_pod(d)["containers"][0]["volumeMounts"][0].update(mountPath="/tls"),
+     "must mount exactly its own identity folder /tls/service/edge"),
+    (lambda d: _edge_pod(d)["initContainers"][0]["securityContext"].update(readOnlyRootFilesystem=False),
+     "Deployment/agw-edge/edge-config: set allowPrivilegeEscalation false and readOnlyRootFilesystem true"),
+    (lambda d: _edge_pod(d)["containers"][0].update(image="envoyproxy/envoy:latest"), "is not pinned"),
+    # One door into the gateway, and the backends admit the gateway and the edge only.
+    (lambda d: _find(d, "NetworkPolicy", "gateway-ingress")["spec"]["ingress"][0].pop("from"),
+     "agw-gateway's port 50051 must admit the edge's pods only"),
+    (lambda d: d.remove(_find(d, "NetworkPolicy", "retrieval-from-edge")),
+     "agw-retrieval's port 50052 must admit the gateway and edge's pods only"),
+    (lambda d: _find(d, "Deployment", "agw-edge")["metadata"].pop("namespace"), "no namespace"),
+])
+def test_each_edge_check_fires(with_edge, change, expected):
+    problems = _broken(with_edge, change)
+    assert any(expected in problem for problem in problems), problems
+
+
+def test_a_component_must_say_so(tmp_path):
+    (tmp_path / "component").mkdir()
+    (tmp_path / "component" / "kustomization.yaml").write_text("kind: Kustomization\nresources: []\n")
+    (tmp_path / "kustomization.yaml").write_text("resources: []\ncomponents: [component]\n")
+    with pytest.raises(ValueError, match="must say kind: Component"):
+        k8scheck.render(tmp_path)

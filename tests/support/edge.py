@@ -23,3 +23,22 @@ async def edge_proxy(workdir: Path, tls_dir: Path, *, gateway_port: int, inferen
         yield port
     finally:
         await asyncio.to_thread(edge.stop)
+
+
+def assert_edge_config_loads(arguments: list, tls_dir: Path, out_dir: Path) -> None:
+    """`agentgw edge-config` with a deployment's own ``arguments`` (its ``--tls-dir`` and ``--out`` swapped for
+    ``tls_dir`` and ``out_dir``) writes a config that Envoy's validate mode loads: certificates read through the
+    secret files, listeners and clusters built, DNS names not resolved."""
+    import subprocess
+
+    from agentgw.cli import main
+    from agentgw.edge_process import envoy_binary
+
+    arguments = [str(argument) for argument in arguments]
+    for flag, value in (("--tls-dir", tls_dir), ("--out", out_dir / "envoy.json")):
+        arguments[arguments.index(flag) + 1] = str(value)
+    assert main(arguments) == 0
+    result = subprocess.run([envoy_binary(), "--mode", "validate", "-c", str(out_dir / "envoy.json"),
+                             "--disable-hot-restart", "--log-level", "warning"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "OK" in result.stdout, result.stdout + result.stderr
