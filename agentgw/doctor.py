@@ -96,15 +96,63 @@ async def inference_checks(connection: Connection) -> list[Check]:
             "(GPU: int(VRAM GiB x 12)), or give the cache more memory"))
     return checks
 
+# -- the public API ------------------------------------------------------------
+
+#: The public methods an edge sends straight to a backend, and the backend's settings prefix.
+PASSTHROUGH_BACKENDS = {"Generate": "inference", "Retrieve": "retrieval"}
+
+
+def _ping_generate() -> gateway_pb2.GenerateRequest:
+    return gateway_pb2.GenerateRequest(request=inference_pb2.GenerateRequest(
+        prompt="ping", sampling=inference_pb2.SamplingParams(max_tokens=1)))
+
+
+async def public_method_checks(connection: Connection) -> list[Check]:
+    """Generate and Retrieve answered on the public port, as a tenant calls them. Behind an edge they go straight to
+    a backend, which serves them only when it believes the edge: a backend without AGW_<SERVICE>_EDGE_CLIENTS
+    answers UNIMPLEMENTED, which a client cannot tell from a wrong address."""
+    checks = []
+    async with connection.gateway_channel() as channel:
+        stub = gateway_pb2_grpc.AgentGatewayStub(channel)
+        probe = gateway_pb2.RetrieveRequest(request=retrieval_pb2.SearchRequest(
+            collection=f"agentgw-doctor-probe-{time.time_ns()}", text="ping", top_k=1))
+        calls = {"Generate": lambda: _drain(stub.Generate(_ping_generate(), timeout=30)),
+                 # A collection that does not exist: NOT_FOUND is the method answering.
+                 "Retrieve": lambda: stub.Retrieve(probe, timeout=10)}
+        for method, call in calls.items():
+            backend = PASSTHROUGH_BACKENDS[method]
+            try:
+                await call()
+                checks.append(Check(f"{method} served", Status.PASS, "answered"))
+            except grpc.aio.AioRpcError as exc:
+                code = exc.code()
+                answered = method == "Retrieve" and code == grpc.StatusCode.NOT_FOUND
+                status = Status.PASS if answered else Status.FAIL
+                measured = f"{code.name}: {exc.details()}"
+                fix = (f"behind an edge, {method} goes straight to the {backend} service, which serves it only with "
+                       f"AGW_{backend.upper()}_EDGE_CLIENTS=service/edge (agentgw up --edge, compose/edge.yml and "
+                       "deploy/k8s/components/edge set it)" if code == grpc.StatusCode.UNIMPLEMENTED
+                       else f"is the {backend} service up and reachable from the public port?")
+                checks.append(Check(f"{method} served", status, "answered" if answered else measured, fix))
+    return checks
+
+
+async def _drain(stream) -> None:
+    async for _message in stream:
+        pass
+
+
 # -- gateway -------------------------------------------------------------------
 
 async def gateway_checks(connection: Connection) -> list[Check]:
     async with connection.gateway_channel() as channel:
         stub = gateway_pb2_grpc.AgentGatewayStub(channel)
-        for _ in range(3):  # calls through the inference pool too, so reuse shows
-            async for _message in stub.Generate(gateway_pb2.GenerateRequest(request=inference_pb2.GenerateRequest(
-                    prompt="ping", sampling=inference_pb2.SamplingParams(max_tokens=1))), timeout=30):
-                pass
+        try:
+            for _ in range(3):  # calls through the inference pool too, so reuse shows
+                await _drain(stub.Generate(_ping_generate(), timeout=30))
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.UNIMPLEMENTED:  # reported by public_method_checks
+                raise
     async with connection.gateway_operator_channel() as channel:  # GetStats serves operators only
         stats = await gateway_pb2_grpc.AgentGatewayStub(channel).GetStats(gateway_pb2.GetStatsRequest(), timeout=10)
     checks = []
@@ -346,10 +394,11 @@ class Doctor:
             # gateway's pool, so the channel-reuse check sees real calls.
             ("inference", lambda: inference_checks(connection)),
             ("retrieval", lambda: retrieval_checks(connection, self.collections)),
+            ("public API", lambda: public_method_checks(connection)),
             ("gateway", lambda: gateway_checks(connection)),
         ]
         for name, section in sections:
-            if name != "gateway" and not getattr(connection, name):
+            if name in ("inference", "retrieval") and not getattr(connection, name):
                 checks.append(Check(f"{name} service", Status.WARN, "address unknown (--target given)",
                                     "run on the machine of agentgw up, or without --target"))
                 continue

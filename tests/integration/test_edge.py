@@ -225,6 +225,24 @@ async def test_an_oversized_request_is_refused_at_the_edge_before_any_backend_re
     assert "request: is over 4194304 bytes, the public port's bound" in refused.details()
 
 
+async def test_the_doctor_names_the_backend_that_does_not_believe_the_edge(edge, gateway, docs, pki):
+    """This module's inference service is not told to believe the edge (no AGW_INFERENCE_EDGE_CLIENTS): through the
+    edge Generate is UNIMPLEMENTED, and the doctor says which setting fixes it; on the gateway's own port both
+    methods answer."""
+    from agentgw.checks import Status
+    from agentgw.connection import Connection
+    from agentgw.doctor import public_method_checks
+
+    through_edge = {c.name: c for c in await public_method_checks(
+        Connection(gateway=f"127.0.0.1:{edge}", tls_dir=str(pki.root)))}
+    assert through_edge["Retrieve served"].status is Status.PASS
+    generate = through_edge["Generate served"]
+    assert generate.status is Status.FAIL and generate.measured.startswith("UNIMPLEMENTED"), generate
+    assert "AGW_INFERENCE_EDGE_CLIENTS=service/edge" in generate.fix
+    direct = await public_method_checks(Connection(gateway=f"127.0.0.1:{gateway.port}", tls_dir=str(pki.root)))
+    assert [(c.name, c.status) for c in direct] == [("Generate served", Status.PASS), ("Retrieve served", Status.PASS)]
+
+
 def _served_serial(port: int, pki) -> str | None:
     """The serial of the certificate the edge presents on a new connection now (None while it does not listen)."""
     import socket
