@@ -205,15 +205,27 @@ class EdgeConfig:
         return self.bootstrap_path
 
 
+def _admin(address: str) -> dict:
+    """Envoy's admin interface, for a drain before a stop (POST /drain_listeners?graceful). It has no
+    authentication and can stop Envoy, so only a loopback address is taken: in a pod, the pod's own containers."""
+    host, port = _host_port(address)
+    if host != "localhost" and not (_is_ip(host) and ipaddress.ip_address(host).is_loopback):
+        raise ValueError(f"--admin {address}: Envoy's admin interface has no authentication; give it a loopback "
+                         "address (127.0.0.1:9901)")
+    return {"address": {"socket_address": {"address": host, "port_value": port}}}
+
+
 def edge_config(tls_dir: Path, bootstrap_path: Path, *, listen: str, gateway: str, inference: Sequence[str],
                 retrieval: str, trust_domain: str = DEFAULT_TRUST_DOMAIN, keepalive_s: float = 20.0,
-                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> EdgeConfig:
+                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, admin: str | None = None) -> EdgeConfig:
     """Envoy's config for the edge: ``listen`` (host:port) public, the three services behind it.
 
     ``inference``: the replicas' host:port (several: least requests). The
     edge's certificate and key are ``<tls_dir>/service/edge/`` (``agentgw certs``).
     ``bootstrap_path``: where Envoy will read the bootstrap; the secret files go
     beside it. Both paths are as Envoy sees them, and made absolute.
+    ``admin``: a loopback host:port for Envoy's admin interface (none by
+    default), through which a stop drains first.
     """
     tls_dir, bootstrap_path = tls_dir.absolute(), bootstrap_path.absolute()
     files = IdentityFiles.of(tls_dir, EDGE)
@@ -234,4 +246,6 @@ def edge_config(tls_dir: Path, bootstrap_path: Path, *, listen: str, gateway: st
         "clusters": [_cluster(name, targets, files, bootstrap_path, trust_domain, keepalive_s)
                      for name, targets in (("gateway", [gateway]), ("inference", inference), ("retrieval", [retrieval]))],
     }}
+    if admin:
+        bootstrap["admin"] = _admin(admin)
     return EdgeConfig(bootstrap_path, bootstrap, _secrets(files, bootstrap_path))

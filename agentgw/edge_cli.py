@@ -28,6 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
                         help="largest Generate or Retrieve request the edge passes on (default "
                              f"{DEFAULT_MAX_REQUEST_BYTES}, the gateway's AGW_GATEWAY_MAX_RECEIVE_BYTES)")
+    parser.add_argument("--admin", help="a loopback host:port for Envoy's admin interface (default: none), so that a "
+                                        "stop can drain first: POST /drain_listeners?graceful (deploy/k8s does)")
     parser.add_argument("--out", type=Path, required=True,
                         help="the bootstrap's path, as Envoy will see it; the two secret files (*.sds.json) go beside "
                              "it, and Envoy re-reads them when the edge's certificate is renewed")
@@ -39,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         config = edge_config(args.tls_dir, args.out, listen=args.listen, gateway=args.gateway,
                              inference=[t.strip() for t in args.inference.split(",") if t.strip()],
                              retrieval=args.retrieval, trust_domain=args.trust_domain,
-                             max_request_bytes=args.max_request_bytes)
+                             max_request_bytes=args.max_request_bytes, admin=args.admin)
     except ValueError as exc:
         print(f"agentgw edge-config: {exc}", file=sys.stderr)
         return 2

@@ -34,6 +34,12 @@ def envoy_binary() -> str:
     return found
 
 
+def drain_arguments(drain_s: float) -> list[str]:
+    """Envoy's options for a drain that tells every connection to go away at once (GOAWAY: the client's next call
+    opens a connection elsewhere) and closes the listener ``drain_s`` later, the calls in flight finished."""
+    return ["--drain-time-s", f"{max(1, round(drain_s))}", "--drain-strategy", "immediate"]
+
+
 def _dial_target(listen: str) -> str:
     """Where this machine reaches ``listen``: loopback for an address that listens on every interface (the edge's
     certificate names loopback, not 0.0.0.0)."""
@@ -45,7 +51,9 @@ class EdgeProcess:
     """Envoy with the edge's config (agentgw.edge.edge_config) on ``listen``, logging under ``workdir``."""
 
     def __init__(self, workdir: Path, tls_dir: Path, *, listen: str, gateway: str, inference: list[str],
-                 retrieval: str, concurrency: int = 1, **options) -> None:
+                 retrieval: str, concurrency: int = 1, drain_s: float = 5.0, **options) -> None:
+        """``drain_s``: how long a drain (``POST /drain_listeners?graceful`` on ``admin``, if given) lets the calls in
+        flight finish before the listener closes; every connection is told to go away at its start (GOAWAY)."""
         workdir.mkdir(parents=True, exist_ok=True)
         self.tls_dir = tls_dir
         self.listen = listen
@@ -55,7 +63,7 @@ class EdgeProcess:
         # Its own process group, in its parent's session (and scheduler group), like the services.
         self.process = subprocess.Popen(
             [envoy_binary(), "-c", str(self.config), "--concurrency", str(concurrency), "--log-level", "warning",
-             "--use-dynamic-base-id"],
+             "--use-dynamic-base-id", *drain_arguments(drain_s)],
             stdout=self.log.open("ab"), stderr=subprocess.STDOUT, process_group=0)
 
     @property

@@ -33,6 +33,7 @@ one line per problem, and exits 1 if there are any. What it holds them to:
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -305,6 +306,7 @@ def _check_edge(where, doc, container, services, docs, certificates) -> list[str
     targets = [(name, target.strip()) for name in ("gateway", "inference", "retrieval")
                for target in (_option(args, f"--{name}") or "").split(",")]
     problems += _check_reached(where, targets, services, docs, headless=True)
+    problems += _check_edge_drain(where, pod, container, _option(args, "--admin"))
     for other in docs:
         for ours in _containers(other):
             served = _served(ours)
@@ -313,6 +315,31 @@ def _check_edge(where, doc, container, services, docs, certificates) -> list[str
                 problems.append(f"{other['kind']}/{other['metadata']['name']}/{ours['name']}: AGW_{served.upper()}"
                                 f"_EDGE_CLIENTS does not name {EDGE_IDENTITY}: it would refuse what the edge forwards"
                                 + (" (Generate and Retrieve: UNIMPLEMENTED)" if served != "gateway" else ""))
+    return problems
+
+
+def _check_edge_drain(where, pod, container, admin: str | None) -> list[str]:
+    """Envoy exits on SIGTERM without draining: the preStop hook must drain it through its admin port and wait at
+    least the drain time, and the termination grace must cover the hook."""
+    if not admin:
+        return [f"{where}: no --admin for {EDGE_CONFIG_COMMAND}: nothing can drain Envoy before SIGTERM cuts the "
+                "calls in flight"]
+    host, _, port = admin.rpartition(":")
+    script = " ".join(map(str, ((container.get("lifecycle") or {}).get("preStop") or {}).get("exec", {})
+                          .get("command", [])))
+    drain_at = script.find("drain_listeners?graceful")
+    if drain_at < 0 or f"/dev/tcp/{host}/{port}" not in script:
+        return [f"{where}: its preStop does not POST /drain_listeners?graceful to the admin port {admin}"]
+    drain_s = int(_option(container.get("args") or [], "--drain-time-s") or 600)  # Envoy's default
+    waited = sum(int(n) for n in re.findall(r"\bsleep (\d+)", script[drain_at:]))
+    hook = sum(int(n) for n in re.findall(r"\bsleep (\d+)", script))
+    problems = []
+    if waited < drain_s:
+        problems.append(f"{where}: its preStop waits {waited} s after the drain starts, less than --drain-time-s "
+                        f"{drain_s}: SIGTERM would cut the calls the drain lets finish")
+    if pod.get("terminationGracePeriodSeconds", 30) < hook:
+        problems.append(f"{where}: terminationGracePeriodSeconds {pod.get('terminationGracePeriodSeconds', 30)} < its "
+                        f"preStop's {hook} s")
     return problems
 
 

@@ -299,3 +299,48 @@ async def test_the_edge_takes_a_renewed_certificate_without_a_restart(tmp_path):
         assert edge.process.poll() is None  # the same process: no restart
     finally:
         await asyncio.to_thread(edge.stop)
+
+
+async def test_a_draining_edge_finishes_the_stream_in_flight_then_closes(tmp_path, gateway, inference, retrieval, pki):
+    """What deploy/k8s's preStop does before SIGTERM (which Envoy obeys at once, cutting every stream): POST
+    /drain_listeners?graceful on the loopback admin port. The stream in flight runs to its end; the listener
+    closes when the drain time is over."""
+    import time
+    import urllib.request
+
+    from agent.gateway.v1 import gateway_pb2_grpc
+    from agent.inference.v1 import inference_pb2
+    from agentgw.edge_process import EdgeProcess
+    from tests.support.servers import free_port
+
+    port, admin = free_port(), free_port()
+    edge = EdgeProcess(tmp_path / "edge", pki.root, listen=f"127.0.0.1:{port}", gateway=f"127.0.0.1:{gateway.port}",
+                       inference=[f"127.0.0.1:{inference.port}"], retrieval=f"127.0.0.1:{retrieval.port}",
+                       admin=f"127.0.0.1:{admin}", drain_s=2)
+    try:
+        await asyncio.to_thread(edge.wait_answering, 30)
+        async with mtls_channel(port, pki.root, identity="tenant/dev") as channel:
+            # A Chat turn, on the gateway's route: 12 tokens 0.25 s apart, 3 s in all, longer than the drain.
+            stream = gateway_pb2_grpc.AgentGatewayStub(channel).Chat(pb.ChatRequest(
+                message="tokens=12 delay=0.25", generation=inference_pb2.SamplingParams(max_tokens=12)), timeout=30)
+            messages = [await stream.read()]
+            request = urllib.request.Request(f"http://127.0.0.1:{admin}/drain_listeners?graceful", method="POST")
+            drained = await asyncio.to_thread(lambda: urllib.request.urlopen(request, timeout=5).read())
+            assert drained.strip() == b"OK"
+            draining_since = time.monotonic()
+            while (message := await stream.read()) is not grpc.aio.EOF:
+                messages.append(message)
+            assert await stream.code() == grpc.StatusCode.OK
+        assert time.monotonic() - draining_since > 2  # the stream outlived the drain time: it was not cut
+        final = messages[-1].final
+        assert messages[-1].HasField("final") and not final.degraded, messages[-1]
+        # All 12 tokens: the turn ended at its length, its generation ran its 2.75 s.
+        assert final.finish_reason == inference_pb2.FINISH_REASON_LENGTH and final.timings.generation_ms > 2500
+        # The drain over, the listener is closed: a new connection is refused.
+        for _ in range(100):
+            if await asyncio.to_thread(_served_serial, port, pki) is None:
+                break
+            await asyncio.sleep(0.1)
+        assert await asyncio.to_thread(_served_serial, port, pki) is None, "the edge still accepts after its drain"
+    finally:
+        await asyncio.to_thread(edge.stop)

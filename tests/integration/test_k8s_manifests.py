@@ -131,6 +131,10 @@ def _set(args: list, flag: str, value: str) -> None:
     args[args.index(flag) + 1] = value
 
 
+def _drop(args: list, flag: str) -> None:
+    del args[args.index(flag):args.index(flag) + 2]
+
+
 def test_the_edge_overlay_puts_envoy_in_front(with_edge):
     assert k8scheck.check(with_edge) == []
     pod = _edge_pod(with_edge)
@@ -182,6 +186,15 @@ def test_the_edge_init_containers_arguments_make_a_bootstrap_envoy_accepts(with_
     (lambda d: d.remove(_find(d, "NetworkPolicy", "retrieval-from-edge")),
      "agw-retrieval's port 50052 must admit the gateway and edge's pods only"),
     (lambda d: _find(d, "Deployment", "agw-edge")["metadata"].pop("namespace"), "no namespace"),
+    # A stop drains first: through the admin port, waiting out the drain, within the grace.
+    (lambda d: _drop(_edge_job_args(d), "--admin"),
+     "no --admin for edge-config: nothing can drain Envoy"),
+    (lambda d: _edge_pod(d)["containers"][0]["lifecycle"].update(preStop={"exec": {"command": ["sleep", "5"]}}),
+     "its preStop does not POST /drain_listeners?graceful to the admin port 127.0.0.1:9901"),
+    (lambda d: _set(_edge_pod(d)["containers"][0]["args"], "--drain-time-s", "30"),
+     "its preStop waits 20 s after the drain starts, less than --drain-time-s 30"),
+    (lambda d: _edge_pod(d).update(terminationGracePeriodSeconds=20),
+     "terminationGracePeriodSeconds 20 < its preStop's 25 s"),
 ])
 def test_each_edge_check_fires(with_edge, change, expected):
     problems = _broken(with_edge, change)

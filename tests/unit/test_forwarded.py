@@ -81,3 +81,16 @@ def test_the_edge_config_sanitises_the_header_and_pins_each_backends_identity(tm
     with pytest.raises(ValueError, match="is not host:port"):
         edge_config(tmp_path, tmp_path / "envoy.json", listen="nowhere", gateway="g:1", inference=["i:2"],
                     retrieval="r:3")
+
+
+def test_the_edges_admin_interface_listens_on_loopback_only(tmp_path):
+    """It has no authentication and can stop Envoy: it is there for a drain before a stop (deploy/k8s's preStop)."""
+    bootstrap = edge_config(tmp_path, tmp_path / "envoy.json", listen="0.0.0.0:50051", gateway="g:1", inference=["i:2"],
+                            retrieval="r:3", admin="127.0.0.1:9901").bootstrap
+    assert bootstrap["admin"] == {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 9901}}}
+    assert "admin" not in edge_config(tmp_path, tmp_path / "envoy.json", listen="0.0.0.0:50051", gateway="g:1",
+                                      inference=["i:2"], retrieval="r:3").bootstrap
+    for exposed in ("0.0.0.0:9901", "10.0.0.7:9901", "edge:9901"):
+        with pytest.raises(ValueError, match="has no authentication; give it a loopback address"):
+            edge_config(tmp_path, tmp_path / "envoy.json", listen="0.0.0.0:50051", gateway="g:1", inference=["i:2"],
+                        retrieval="r:3", admin=exposed)
