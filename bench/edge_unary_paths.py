@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""Where the edge's unary cost at c=1 goes: Envoy's filters against the backend's public handler.
+
+`bench/gateway_overhead.py --edge` finds the edge's ``Retrieve`` about
+0.05 ms above a plain Envoy at one call at a time (docs/benchmarks.md, "The
+edge"). This bench splits that: one retrieval service (behind the edge it
+serves the public ``Retrieve``), called at c=1 on each path below, in rounds
+that alternate the paths (the same noise for all), reporting each path's
+median p50 and its paired difference from the plain Envoy:
+
+- ``direct``: ``Retrieval.Search`` on the service, no hop;
+- ``envoy``: the same through a plain Envoy (no filter, no header);
+- ``edge``: ``AgentGateway.Retrieve`` through the edge as `agentgw
+  edge-config` writes it (the tenant's certificate forwarded, the request
+  held by the buffer filter, the trace headers dropped);
+- ``edge-nobuffer``, ``edge-nostrip``: the same without the buffer filter, or
+  without the header removal: what each of Envoy's extra steps costs;
+- ``public-direct``: ``AgentGateway.Retrieve`` on the service itself, called
+  with the edge's certificate and a forwarded-certificate header as Envoy sets
+  it: the backend's public handler (the forwarded certificate's authorization,
+  the bounds, the tenant's scoping, the wrap) with no Envoy at all.
+
+    python bench/edge_unary_paths.py [--rounds 8] [--calls 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+from harness import dev_pki, retrieval_process, scratch_dir
+
+from agent.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from agent.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
+from agentgw.edge import edge_config
+from agentgw.edge_process import envoy_binary
+from gateway_overhead import COLLECTION, DIM, envoy_config
+from servicekit import ChannelSpec, ClientTls, open_channel, wait_ready
+from servicekit.forwarded import XFCC_HEADER
+from servicekit.tenancy import physical_collection
+from tests.support.servers import free_port
+
+
+def start_envoy(workdir: Path, bootstrap: dict) -> subprocess.Popen:
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / "bootstrap.json"
+    path.write_text(json.dumps(bootstrap))
+    return subprocess.Popen([envoy_binary(), "-c", str(path), "--concurrency", "2", "--log-level", "error",
+                             "--use-dynamic-base-id"], stdout=(workdir / "envoy.log").open("wb"),
+                            stderr=subprocess.STDOUT)
+
+
+def edge_variant(tls: Path, workdir: Path, port: int, retrieval_port: int, *, buffer: bool = True,
+                 strip: bool = True) -> subprocess.Popen:
+    """The edge's bootstrap, less its buffer filter or its header removal."""
+    config = edge_config(tls, workdir / "edge.json", listen=f"127.0.0.1:{port}", gateway="127.0.0.1:9",
+                         inference=["127.0.0.1:9"], retrieval=f"127.0.0.1:{retrieval_port}")
+    config.write()  # the secret files the bootstrap names
+    bootstrap = copy.deepcopy(config.bootstrap)
+    manager = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    routes = manager["route_config"]["virtual_hosts"][0]["routes"]
+    if not buffer:
+        manager["http_filters"] = [f for f in manager["http_filters"] if "buffer" not in f["name"]]
+        for route in routes:
+            route.pop("typed_per_filter_config", None)
+    if not strip:
+        for route in routes:
+            route.pop("request_headers_to_remove", None)
+    return start_envoy(workdir, bootstrap)
+
+
+async def seed(tls: Path, port: int) -> None:
+    """The dev tenant's collection, written as the gateway would write it."""
+    async with open_channel(ChannelSpec(target=f"127.0.0.1:{port}",
+                                        tls=ClientTls.for_identity(tls, "service/gateway"))) as channel:
+        stub = retrieval_pb2_grpc.RetrievalStub(channel)
+        name = physical_collection("dev", COLLECTION)
+        await stub.CreateCollection(retrieval_pb2.CreateCollectionRequest(
+            collection=retrieval_pb2.Collection(name=name, vector_size=DIM)), timeout=60)
+        await stub.Upsert(retrieval_pb2.UpsertRequest(collection=name, documents=[
+            retrieval_pb2.Document(id=f"d{i}", vector=retrieval_pb2.Vector(values=[(i % 7) / 7.0 + 0.01] * DIM))
+            for i in range(200)]), timeout=60)
+
+
+async def measure(tls: Path, ports: dict[str, int], rounds: int, calls: int) -> dict[str, list[float]]:
+    """Each round: ``calls`` calls at c=1 on each path in turn; per path, each round's p50 (ms)."""
+    def channel(port: int, identity: str):
+        return open_channel(ChannelSpec(target=f"127.0.0.1:{port}", tls=ClientTls.for_identity(tls, identity)))
+
+    vector = retrieval_pb2.Vector(values=[0.05] * DIM)
+    search = retrieval_pb2.SearchRequest(collection=physical_collection("dev", COLLECTION), vector=vector, top_k=1)
+    retrieve = gateway_pb2.RetrieveRequest(
+        request=retrieval_pb2.SearchRequest(collection=COLLECTION, vector=vector, top_k=1))
+    # As Envoy sets it for the dev tenant's certificate (agentgw.edge: SANITIZE_SET, Cert and URI).
+    cert = quote((tls / "tenant" / "dev" / "cert.pem").read_text(), safe="")
+    forwarded = ((XFCC_HEADER, f'By=spiffe://agentgw.local/service/edge;Hash=00;Cert="{cert}";'
+                               "URI=spiffe://agentgw.local/tenant/dev"),)
+    channels = {"direct": channel(ports["retrieval"], "operator/admin"), "envoy": channel(ports["envoy"], "operator/admin"),
+                **{name: channel(ports[name], "tenant/dev") for name in ("edge", "edge-nobuffer", "edge-nostrip")},
+                "public-direct": channel(ports["retrieval"], "service/edge")}
+    for name, ch in channels.items():
+        await wait_ready(ch, timeout_s=30, target=name)
+    paths = {
+        "direct": lambda: retrieval_pb2_grpc.RetrievalStub(channels["direct"]).Search(search, timeout=10),
+        "envoy": lambda: retrieval_pb2_grpc.RetrievalStub(channels["envoy"]).Search(search, timeout=10),
+        **{name: (lambda stub: lambda: stub.Retrieve(retrieve, timeout=10))(
+            gateway_pb2_grpc.AgentGatewayStub(channels[name])) for name in ("edge", "edge-nobuffer", "edge-nostrip")},
+        "public-direct": lambda: gateway_pb2_grpc.AgentGatewayStub(channels["public-direct"]).Retrieve(
+            retrieve, timeout=10, metadata=forwarded),
+    }
+    p50s: dict[str, list[float]] = {name: [] for name in paths}
+    for call in paths.values():  # warm every path
+        for _ in range(100):
+            await call()
+    for index in range(rounds):
+        for name, call in paths.items():
+            latencies = []
+            for _ in range(calls):
+                started = time.perf_counter()
+                await call()
+                latencies.append((time.perf_counter() - started) * 1000)
+            p50s[name].append(statistics.median(latencies))
+        print(f"round {index + 1}: " + ", ".join(f"{name} {values[-1]:.3f}" for name, values in p50s.items()),
+              flush=True)
+    for ch in channels.values():
+        await ch.close()
+    return p50s
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=8, help="rounds; each calls every path in turn")
+    parser.add_argument("--calls", type=int, default=300, help="calls per path and round, one at a time")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    root = scratch_dir("edge-unary")
+    tls = dev_pki(root)
+    retrieval = retrieval_process(root, tls, "retrieval", AGW_RETRIEVAL_EDGE_CLIENTS="service/edge")
+    proxies = []
+    try:
+        ports = {"retrieval": retrieval.wait_serving(), **{name: free_port() for name in (
+            "envoy", "edge", "edge-nobuffer", "edge-nostrip")}}
+        proxies = [start_envoy(root / "envoy", envoy_config(tls, ports["envoy"], ports["retrieval"], 9)),
+                   edge_variant(tls, root / "edge", ports["edge"], ports["retrieval"]),
+                   edge_variant(tls, root / "edge-nobuffer", ports["edge-nobuffer"], ports["retrieval"], buffer=False),
+                   edge_variant(tls, root / "edge-nostrip", ports["edge-nostrip"], ports["retrieval"], strip=False)]
+        asyncio.run(seed(tls, ports["retrieval"]))
+        p50s = asyncio.run(measure(tls, ports, args.rounds, args.calls))
+    finally:
+        for proxy in proxies:
+            proxy.terminate()
+            proxy.wait()
+        retrieval.stop()
+    print(f"\nc=1, {args.calls} calls per path and round, {args.rounds} rounds; medians of the rounds' p50s")
+    print(f"{'path':14} {'p50 ms':>8} {'added ms':>9} {'vs envoy, paired ms':>20}")
+    for name, values in p50s.items():
+        added = statistics.median(v - d for v, d in zip(values, p50s["direct"]))
+        paired = statistics.median(v - e for v, e in zip(values, p50s["envoy"]))
+        print(f"{name:14} {statistics.median(values):8.3f} {added:+9.3f} {paired:+20.3f}")
+    print(f"command: python bench/edge_unary_paths.py --rounds {args.rounds} --calls {args.calls}")
+    if args.json:
+        args.json.write_text(json.dumps({"rounds": args.rounds, "calls": args.calls, "p50s": p50s}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
