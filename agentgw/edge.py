@@ -19,7 +19,9 @@ docs/architecture.md, "The edge":
 - A passthrough request over the public port's bound (``--max-request-bytes``,
   the gateway's ``AGW_GATEWAY_MAX_RECEIVE_BYTES``) is refused by Envoy,
   ``RESOURCE_EXHAUSTED``, before a backend decodes it. The connection limits
-  are the gateway's public-port defaults.
+  are the gateway's public-port defaults; Envoy also holds the client
+  connections to ``--max-connections`` and gives each 10 s to finish its
+  handshake and to send a request's headers.
 
 What the edge does not do as the gateway does: per-tenant admission and
 cache-affine replica routing for the passthrough methods. Envoy spreads
@@ -49,6 +51,11 @@ _TYPES = "type.googleapis.com/envoy.extensions"
 _BUFFER = "envoy.filters.http.buffer"
 #: The gateway's own default bound on a public request (AGW_GATEWAY_MAX_RECEIVE_BYTES).
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+#: Client connections the edge holds at once; past it Envoy closes new ones as they arrive. An idle mTLS
+#: connection costs Envoy tens of KB, so the default fits the Kubernetes component's 512 MiB limit.
+DEFAULT_MAX_CONNECTIONS = 4096
+#: A client has this long to finish its TLS handshake, and then to send a request's headers, or is closed.
+HANDSHAKE_TIMEOUT_S = 10
 
 
 def _host_port(target: str) -> tuple[str, int]:
@@ -179,6 +186,8 @@ def _connection_manager(max_request_bytes: int) -> dict:
         # The gateway's public-port bounds (AGW_GATEWAY_MAX_CONCURRENT_STREAMS, _IDLE_S, _AGE_S, metadata).
         "http2_protocol_options": {"max_concurrent_streams": 100},
         "common_http_protocol_options": {"idle_timeout": "300s", "max_connection_duration": "1800s"},
+        # A client that opens a stream and sends no headers holds nothing for long (slowloris).
+        "request_headers_timeout": f"{HANDSHAKE_TIMEOUT_S}s",
         "max_request_headers_kb": 16,
         "route_config": {"virtual_hosts": [{"name": "public", "domains": ["*"], "routes": _routes()}]},
         "local_reply_config": refusal,
@@ -215,17 +224,29 @@ def _admin(address: str) -> dict:
     return {"address": {"socket_address": {"address": host, "port_value": port}}}
 
 
+def _connection_bound(max_connections: int) -> dict:
+    """Envoy's overload manager, holding the client connections to ``max_connections`` across its workers."""
+    if max_connections < 1:
+        raise ValueError(f"--max-connections must be at least 1 (got {max_connections})")
+    return {"resource_monitors": [{
+        "name": "envoy.resource_monitors.global_downstream_max_connections",
+        "typed_config": {"@type": f"{_TYPES}.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig",
+                         "max_active_downstream_connections": max_connections}}]}
+
+
 def edge_config(tls_dir: Path, bootstrap_path: Path, *, listen: str, gateway: str, inference: Sequence[str],
                 retrieval: str, trust_domain: str = DEFAULT_TRUST_DOMAIN, keepalive_s: float = 20.0,
-                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, admin: str | None = None) -> EdgeConfig:
+                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                admin: str | None = None) -> EdgeConfig:
     """Envoy's config for the edge: ``listen`` (host:port) public, the three services behind it.
 
     ``inference``: the replicas' host:port (several: least requests). The
     edge's certificate and key are ``<tls_dir>/service/edge/`` (``agentgw certs``).
     ``bootstrap_path``: where Envoy will read the bootstrap; the secret files go
     beside it. Both paths are as Envoy sees them, and made absolute.
-    ``admin``: a loopback host:port for Envoy's admin interface (none by
-    default), through which a stop drains first.
+    ``max_connections``: client connections held at once; newer ones are
+    closed as they arrive. ``admin``: a loopback host:port for Envoy's admin
+    interface (none by default), through which a stop drains first.
     """
     tls_dir, bootstrap_path = tls_dir.absolute(), bootstrap_path.absolute()
     files = IdentityFiles.of(tls_dir, EDGE)
@@ -241,11 +262,13 @@ def edge_config(tls_dir: Path, bootstrap_path: Path, *, listen: str, gateway: st
                 "filters": [_connection_manager(max_request_bytes)],
                 "transport_socket": {"name": "envoy.transport_sockets.tls", "typed_config": {
                     "@type": f"{_TYPES}.transport_sockets.tls.v3.DownstreamTlsContext", **downstream}},
+                # A connection that has not finished its handshake by then is closed.
+                "transport_socket_connect_timeout": f"{HANDSHAKE_TIMEOUT_S}s",
             }],
         }],
         "clusters": [_cluster(name, targets, files, bootstrap_path, trust_domain, keepalive_s)
                      for name, targets in (("gateway", [gateway]), ("inference", inference), ("retrieval", [retrieval]))],
-    }}
+    }, "overload_manager": _connection_bound(max_connections)}
     if admin:
         bootstrap["admin"] = _admin(admin)
     return EdgeConfig(bootstrap_path, bootstrap, _secrets(files, bootstrap_path))

@@ -127,6 +127,9 @@ class GatewaySettings(ServiceSettings, PublicApiSettings):
         100, gt=0, description="Streams one client connection may hold open at once on the public port; more wait "
         "in the client's HTTP/2 queue (RFC 9113 advises at least 100, so as not to limit parallelism). With "
         "max_receive_bytes it bounds a connection's buffered requests.")
+    max_connections: int = Field(
+        4096, gt=0, description="Client connections one worker process holds on the public port; past it a new one "
+        "is closed as it arrives, so a flood of connections costs bounded memory and descriptors.")
     max_connection_idle_s: float = Field(
         300.0, gt=0, description="A public connection with no call for this long is closed (GOAWAY).")
     max_connection_age_s: float = Field(

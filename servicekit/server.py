@@ -114,6 +114,8 @@ class RunningService:
 _PUBLIC_LIMITS = (
     # Streams one connection may hold: one client cannot hold thousands open.
     ("max_concurrent_streams", "grpc.max_concurrent_streams", 1),
+    # Connections the port holds: past it gRPC closes a new one as it arrives (its connection quota).
+    ("max_connections", "grpc.max_allowed_incoming_connections", 1),
     # Idle and aged connections are closed with GOAWAY: no descriptor is held
     # forever, and clients behind an L4 balancer move to new processes.
     ("max_connection_idle_s", "grpc.max_connection_idle_ms", 1000),

@@ -28,6 +28,7 @@ from tests.support.calls import call_method
 from tests.support.edge import edge_proxy
 from tests.support.gateway_stack import gateway_server
 from tests.support.grpc_client import mtls_channel
+from tests.support.raw_tls import connect, is_open, served_serial
 from tests.support.retrieval_service import passage_documents, retrieval_server
 from tests.support.servers import scripted_app
 
@@ -243,26 +244,6 @@ async def test_the_doctor_names_the_backend_that_does_not_believe_the_edge(edge,
     assert [(c.name, c.status) for c in direct] == [("Generate served", Status.PASS), ("Retrieve served", Status.PASS)]
 
 
-def _served_serial(port: int, pki) -> str | None:
-    """The serial of the certificate the edge presents on a new connection now (None while it does not listen)."""
-    import socket
-    import ssl
-
-    from cryptography import x509
-
-    files = pki.identity("tenant/dev")
-    context = ssl.create_default_context(cafile=str(files.ca))
-    context.load_cert_chain(str(files.cert), str(files.key))
-    context.check_hostname = False
-    context.set_alpn_protocols(["h2"])
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, \
-                context.wrap_socket(raw, server_hostname="localhost") as tls:
-            return format(x509.load_der_x509_certificate(tls.getpeercert(binary_form=True)).serial_number, "x")
-    except OSError:
-        return None
-
-
 async def test_the_edge_takes_a_renewed_certificate_without_a_restart(tmp_path):
     """`agentgw certs --renew` replaces the files; Envoy re-reads them (file-based SDS, watching the identity's
     folder) and presents the new certificate on the next handshake, as our services do. The upstream clusters use
@@ -282,7 +263,7 @@ async def test_the_edge_takes_a_renewed_certificate_without_a_restart(tmp_path):
                        inference=["127.0.0.1:9"], retrieval="127.0.0.1:9")
     try:
         for _ in range(200):
-            if (before := await asyncio.to_thread(_served_serial, port, pki)) is not None:
+            if (before := await asyncio.to_thread(served_serial, port, pki.identity("tenant/dev"))) is not None:
                 break
             await asyncio.sleep(0.05)
         assert before == format(x509.load_pem_x509_certificate(pki.identity("service/edge").cert.read_bytes())
@@ -292,7 +273,7 @@ async def test_the_edge_takes_a_renewed_certificate_without_a_restart(tmp_path):
                          .serial_number, "x")
         assert renewed != before
         for _ in range(200):
-            if (served := await asyncio.to_thread(_served_serial, port, pki)) == renewed:
+            if (served := await asyncio.to_thread(served_serial, port, pki.identity("tenant/dev"))) == renewed:
                 break
             await asyncio.sleep(0.05)
         assert served == renewed, "the edge still presents its old certificate 10 s after the renewal"
@@ -338,9 +319,38 @@ async def test_a_draining_edge_finishes_the_stream_in_flight_then_closes(tmp_pat
         assert final.finish_reason == inference_pb2.FINISH_REASON_LENGTH and final.timings.generation_ms > 2500
         # The drain over, the listener is closed: a new connection is refused.
         for _ in range(100):
-            if await asyncio.to_thread(_served_serial, port, pki) is None:
+            if await asyncio.to_thread(served_serial, port, pki.identity("tenant/dev")) is None:
                 break
             await asyncio.sleep(0.1)
-        assert await asyncio.to_thread(_served_serial, port, pki) is None, "the edge still accepts after its drain"
+        assert await asyncio.to_thread(served_serial, port, pki.identity("tenant/dev")) is None, "the edge still accepts after its drain"
+    finally:
+        await asyncio.to_thread(edge.stop)
+
+
+async def test_the_edge_holds_its_client_connections_to_its_bound(tmp_path, pki):
+    """--max-connections: past it Envoy closes a new connection as it arrives, before any handshake, so a flood of
+    connections costs the edge a bounded amount of memory. Closed ones free their places."""
+    from agentgw.edge_process import EdgeProcess
+    from tests.support.servers import free_port
+
+    port = free_port()
+    edge = EdgeProcess(tmp_path / "edge", pki.root, listen=f"127.0.0.1:{port}", gateway="127.0.0.1:9",
+                       inference=["127.0.0.1:9"], retrieval="127.0.0.1:9", max_connections=2)
+    files = pki.identity("tenant/dev")
+    try:
+        for _ in range(200):
+            if await asyncio.to_thread(served_serial, port, pki.identity("tenant/dev")) is not None:
+                break
+            await asyncio.sleep(0.05)
+        held = [await asyncio.to_thread(connect, port, files) for _ in range(2)]
+        assert [await asyncio.to_thread(is_open, sock) for sock in held] == [True, True]  # its HTTP/2 settings arrive
+        assert not await asyncio.to_thread(lambda: is_open(connect(port, files))), "a third connection was held"
+        for sock in held:
+            sock.close()
+        for _ in range(100):  # the places free up as Envoy sees the closes
+            if await asyncio.to_thread(served_serial, port, pki.identity("tenant/dev")) is not None:
+                break
+            await asyncio.sleep(0.05)
+        assert await asyncio.to_thread(served_serial, port, pki.identity("tenant/dev")) is not None
     finally:
         await asyncio.to_thread(edge.stop)

@@ -370,3 +370,27 @@ def test_insecure_dev_is_refused_beyond_loopback(host):
     with pytest.raises(SettingsError, match="AGW_INSECURE_DEV serves plaintext"):
         load_settings(GatewaySettings, insecure_dev=True, host=host)
     assert load_settings(GatewaySettings, insecure_dev=True, host="127.0.0.1").insecure_dev
+
+
+async def test_the_public_port_holds_its_client_connections_to_its_bound(tmp_path, pki, database_url):
+    """AGW_GATEWAY_MAX_CONNECTIONS: past it gRPC closes a new connection as it arrives, so a flood of connections
+    (each a descriptor and buffers, before any call) costs the gateway bounded memory. Closed ones free their
+    places."""
+    from tests.support.raw_tls import connect, is_open, served_serial
+
+    files = pki.identity("tenant/dev")
+    async with retrieval_server(tmp_path / "retrieval", pki.root) as (retrieval, _), \
+            scripted_app(pki.root) as (inference, _), \
+            gateway_server(pki.root, inference.port, retrieval.port, database_url=database_url,
+                           max_connections=2) as (gateway, _):
+        held = [await asyncio.to_thread(connect, gateway.port, files) for _ in range(2)]
+        assert [await asyncio.to_thread(is_open, sock) for sock in held] == [True, True]
+        assert not await asyncio.to_thread(lambda: is_open(connect(gateway.port, files))), "a third was held"
+        for sock in held:
+            sock.close()
+        for _ in range(100):  # the places free up as gRPC sees the closes
+            if await asyncio.to_thread(served_serial, gateway.port, files) is not None:
+                break
+            await asyncio.sleep(0.05)
+        async with gateway_stub(gateway.port, pki.root) as stub:  # and calls go through again
+            await stub.CreateSession(pb.CreateSessionRequest(), timeout=10)

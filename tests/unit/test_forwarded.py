@@ -94,3 +94,19 @@ def test_the_edges_admin_interface_listens_on_loopback_only(tmp_path):
         with pytest.raises(ValueError, match="has no authentication; give it a loopback address"):
             edge_config(tmp_path, tmp_path / "envoy.json", listen="0.0.0.0:50051", gateway="g:1", inference=["i:2"],
                         retrieval="r:3", admin=exposed)
+
+
+def test_the_edge_bounds_its_connections_and_slow_clients(tmp_path):
+    bootstrap = edge_config(tmp_path, tmp_path / "envoy.json", listen="0.0.0.0:50051", gateway="g:1", inference=["i:2"],
+                            retrieval="r:3", max_connections=100).bootstrap
+    [monitor] = bootstrap["overload_manager"]["resource_monitors"]
+    assert monitor["name"] == "envoy.resource_monitors.global_downstream_max_connections"
+    assert monitor["typed_config"]["max_active_downstream_connections"] == 100
+    [listener] = bootstrap["static_resources"]["listeners"]
+    assert listener["filter_chains"][0]["transport_socket_connect_timeout"] == "10s"  # the handshake
+    manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    assert manager["request_headers_timeout"] == "10s"
+    assert manager["http2_protocol_options"]["max_concurrent_streams"] == 100
+    with pytest.raises(ValueError, match="--max-connections must be at least 1"):
+        edge_config(tmp_path, tmp_path / "envoy.json", listen="0.0.0.0:50051", gateway="g:1", inference=["i:2"],
+                    retrieval="r:3", max_connections=0)
