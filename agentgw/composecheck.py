@@ -309,7 +309,8 @@ def _check_identity_mount(name: str, spec: dict, volume: str | None, tls_dir: st
     return problems
 
 
-def _option(command: list, flag: str) -> str | None:
+def option(command: list, flag: str) -> str | None:
+    """The value after ``flag`` in a command's arguments, if it is there."""
     return str(command[command.index(flag) + 1]) if flag in command and command.index(flag) + 1 < len(command) else None
 
 
@@ -320,7 +321,7 @@ def _check_edges(services: dict, served: dict, listening: dict) -> list[str]:
     jobs = {name: spec for name, spec in services.items() if (spec.get("command") or [None])[0] == EDGE_CONFIG_COMMAND}
     for edge in _edges(services):
         spec = services[edge]
-        config = _option(list(spec.get("command") or []), "-c")
+        config = option(list(spec.get("command") or []), "-c")
         job = next((name for name in jobs if _edge_config_path(jobs[name], spec) == config), None)
         if config is None or job is None:
             problems.append(f"{edge}: runs {config!r}, which no '{EDGE_CONFIG_COMMAND} --out' job writes into a "
@@ -331,19 +332,25 @@ def _check_edges(services: dict, served: dict, listening: dict) -> list[str]:
             problems.append(f"{edge}: does not wait for {job} (depends_on, condition service_completed_successfully)")
         problems += _check_edge_identity(edge, spec, services, command)
         problems += _check_edge_routes(edge, spec, command, served, listening)
-        for name, service in served.items():
-            believed = _environment(services[name]).get(f"AGW_{(service or '').upper()}_EDGE_CLIENTS", "")
-            if service and EDGE_IDENTITY not in [entry.strip() for entry in believed.split(",")]:
-                problems.append(f"{name}: AGW_{service.upper()}_EDGE_CLIENTS does not name {EDGE_IDENTITY}: it would "
-                                f"refuse what {edge} forwards" + (" (Generate and Retrieve: UNIMPLEMENTED)"
-                                                                  if service != "gateway" else ""))
+        problems += [problem for name, service in served.items() if service
+                     for problem in [unbelieved_edge(name, service, _environment(services[name]))] if problem]
     return problems
+
+
+def unbelieved_edge(where: str, service: str, env: dict) -> str | None:
+    """The problem, if ``service`` (its environment ``env``) does not believe the edge: it refuses what the edge
+    forwards, and a backend answers the edge's Generate or Retrieve UNIMPLEMENTED."""
+    variable = f"AGW_{service.upper()}_EDGE_CLIENTS"
+    if EDGE_IDENTITY in [entry.strip() for entry in (env.get(variable) or "").split(",")]:
+        return None
+    return (f"{where}: {variable} does not name {EDGE_IDENTITY}: it would refuse what the edge forwards"
+            + (" (Generate and Retrieve: UNIMPLEMENTED)" if service != "gateway" else ""))
 
 
 def _edge_config_path(job: dict, edge: dict) -> str | None:
     """The bootstrap ``job`` writes, if ``edge`` mounts the volume it is written into at the same path: the bootstrap
     names its secret files by their paths as the job wrote them."""
-    out = _option(list(job.get("command") or []), "--out")
+    out = option(list(job.get("command") or []), "--out")
     for written in _mount_list(job):
         if out and out.startswith(written.target.rstrip("/") + "/"):
             for seen in _mount_list(edge):
@@ -353,10 +360,10 @@ def _edge_config_path(job: dict, edge: dict) -> str | None:
 
 
 def _check_edge_identity(edge: str, spec: dict, services: dict, command: list[str]) -> list[str]:
-    tls_dir = _option(command, "--tls-dir") or ""
+    tls_dir = option(command, "--tls-dir") or ""
     writers = [s for s in services.values() if "certs" in (s.get("command") or []) and "--dir" in s["command"]]
     for writer in writers:
-        path = _option(writer["command"], "--dir")
+        path = option(writer["command"], "--dir")
         if path != tls_dir:
             return [f"{edge}: its bootstrap reads certificates under {tls_dir} (--tls-dir) but the certificates are "
                     f"written to {path}"]
@@ -366,11 +373,11 @@ def _check_edge_identity(edge: str, spec: dict, services: dict, command: list[st
 
 def _check_edge_routes(edge: str, spec: dict, command: list[str], served: dict, listening: dict) -> list[str]:
     problems = []
-    listen = (_option(command, "--listen") or "").rpartition(":")[2]
+    listen = (option(command, "--listen") or "").rpartition(":")[2]
     if not listen.isdigit() or int(listen) not in _container_ports(spec):
         problems.append(f"{edge}: listens on {listen!r} (--listen) but exposes {sorted(_container_ports(spec))}")
     for flag, service in (("--gateway", "gateway"), ("--inference", "inference"), ("--retrieval", "retrieval")):
-        for target in (_option(command, flag) or "").split(","):
+        for target in (option(command, flag) or "").split(","):
             host, _, port = target.strip().rpartition(":")
             if served.get(host) != service:
                 problems.append(f"{edge}: {flag} {target!r} names no {service} service of this file")

@@ -39,7 +39,8 @@ from pathlib import Path
 
 import yaml
 
-from agentgw.composecheck import EDGE_CONFIG_COMMAND, EDGE_IDENTITY, EDGE_IMAGE, SETTINGS, _pinned, _settings_class
+from agentgw.composecheck import (EDGE_CONFIG_COMMAND, EDGE_IMAGE, SETTINGS, _pinned, _settings_class, option,
+                                  unbelieved_edge)
 from servicekit.identity import DEFAULT_TRUST_DOMAIN
 from servicekit.settings import environment_names
 
@@ -278,43 +279,34 @@ def _check_reached(where, targets: list[tuple[str, str]], services, docs, headle
     return problems
 
 
-def _option(args: list, flag: str) -> str | None:
-    return str(args[args.index(flag) + 1]) if flag in args and args.index(flag) + 1 < len(args) else None
-
-
 def _check_edge(where, doc, container, services, docs, certificates) -> list[str]:
     """The edge runs its init container's bootstrap, holds its own identity alone, reaches each service through a
     headless Service, and is believed by all of ours."""
     problems = []
     pod = _pod(doc)
-    config = _option(container.get("args") or [], "-c")
+    config = option(container.get("args") or [], "-c")
     job = next((c for c in pod.get("initContainers", []) if (c.get("args") or [None])[0] == EDGE_CONFIG_COMMAND), None)
     if job is None:
         return [f"{where}: no init container runs '{EDGE_CONFIG_COMMAND}' to write its bootstrap"]
     args = [str(a) for a in job["args"]]
-    out = _option(args, "--out") or ""
+    out = option(args, "--out") or ""
     written = {m["name"]: m["mountPath"] for m in job.get("volumeMounts", [])}
     seen = {m["name"]: m["mountPath"] for m in container.get("volumeMounts", [])}
     shared = [name for name, path in written.items() if out.startswith(path.rstrip("/") + "/") and seen.get(name) == path]
     if config != out or not shared:
         problems.append(f"{where}: runs {config!r}, but {job['name']} writes {out!r}: mount its volume at the same path "
                         "(the bootstrap names its secret files by their paths there)")
-    problems += _check_identity(where, doc, container, "edge", certificates, tls_dir=_option(args, "--tls-dir"))
-    listen = (_option(args, "--listen") or "").rpartition(":")[2]
+    problems += _check_identity(where, doc, container, "edge", certificates, tls_dir=option(args, "--tls-dir"))
+    listen = (option(args, "--listen") or "").rpartition(":")[2]
     if not listen.isdigit() or int(listen) not in {p["containerPort"] for p in container.get("ports", [])}:
         problems.append(f"{where}: listens on {listen!r} (--listen), not one of its container ports")
     targets = [(name, target.strip()) for name in ("gateway", "inference", "retrieval")
-               for target in (_option(args, f"--{name}") or "").split(",")]
+               for target in (option(args, f"--{name}") or "").split(",")]
     problems += _check_reached(where, targets, services, docs, headless=True)
-    problems += _check_edge_drain(where, pod, container, _option(args, "--admin"))
-    for other in docs:
-        for ours in _containers(other):
-            served = _served(ours)
-            believed = (_env(ours).get(f"AGW_{(served or '').upper()}_EDGE_CLIENTS") or "").split(",")
-            if served and EDGE_IDENTITY not in [entry.strip() for entry in believed]:
-                problems.append(f"{other['kind']}/{other['metadata']['name']}/{ours['name']}: AGW_{served.upper()}"
-                                f"_EDGE_CLIENTS does not name {EDGE_IDENTITY}: it would refuse what the edge forwards"
-                                + (" (Generate and Retrieve: UNIMPLEMENTED)" if served != "gateway" else ""))
+    problems += _check_edge_drain(where, pod, container, option(args, "--admin"))
+    problems += [problem for other in docs for ours in _containers(other) if _served(ours)
+                 for problem in [unbelieved_edge(f"{other['kind']}/{other['metadata']['name']}/{ours['name']}",
+                                                 _served(ours), _env(ours))] if problem]
     return problems
 
 
@@ -330,7 +322,7 @@ def _check_edge_drain(where, pod, container, admin: str | None) -> list[str]:
     drain_at = script.find("drain_listeners?graceful")
     if drain_at < 0 or f"/dev/tcp/{host}/{port}" not in script:
         return [f"{where}: its preStop does not POST /drain_listeners?graceful to the admin port {admin}"]
-    drain_s = int(_option(container.get("args") or [], "--drain-time-s") or 600)  # Envoy's default
+    drain_s = int(option(container.get("args") or [], "--drain-time-s") or 600)  # Envoy's default
     waited = sum(int(n) for n in re.findall(r"\bsleep (\d+)", script[drain_at:]))
     hook = sum(int(n) for n in re.findall(r"\bsleep (\d+)", script))
     problems = []

@@ -126,7 +126,7 @@ def _set_option(command: list, flag: str, value: str) -> None:
 
 @pytest.mark.parametrize(("change", "expected"), [
     (lambda s: s["inference"]["environment"].pop("AGW_INFERENCE_EDGE_CLIENTS"),
-     "inference: AGW_INFERENCE_EDGE_CLIENTS does not name service/edge: it would refuse what edge forwards "
+     "inference: AGW_INFERENCE_EDGE_CLIENTS does not name service/edge: it would refuse what the edge forwards "
      "(Generate and Retrieve: UNIMPLEMENTED)"),
     (lambda s: s["gateway"]["environment"].update(AGW_GATEWAY_EDGE_CLIENTS="service/proxy"),
      "gateway: AGW_GATEWAY_EDGE_CLIENTS does not name service/edge"),
