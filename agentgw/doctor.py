@@ -427,7 +427,10 @@ def public_limits_check(limits) -> Check:
         problems.append("AGW_GATEWAY_MAX_CONNECTION_IDLE_S and _AGE_S")
     if not limits.max_in_flight_per_tenant:
         problems.append("AGW_GATEWAY_MAX_IN_FLIGHT_PER_TENANT (0 lets one tenant take every slot)")
-    measured = (f"{limits.max_concurrent_streams} streams/connection, {limits.max_receive_bytes // 1024} KiB/message, "
+    if not limits.max_connections:
+        problems.append("AGW_GATEWAY_MAX_CONNECTIONS (this gateway reports no bound on its connections: upgrade it)")
+    measured = (f"{limits.max_connections} connections, "
+                f"{limits.max_concurrent_streams} streams/connection, {limits.max_receive_bytes // 1024} KiB/message, "
                 f"idle {limits.max_connection_idle_ms / 1000:g} s, age {limits.max_connection_age_ms / 1000:g} s, "
                 f"{limits.max_in_flight_per_tenant} of {limits.max_in_flight} in flight per tenant")
     if problems:

@@ -219,7 +219,8 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
                 max_connection_idle_ms=int(self.settings.max_connection_idle_s * 1000),
                 max_connection_age_ms=int(self.settings.max_connection_age_s * 1000),
                 max_receive_bytes=self.settings.max_receive_bytes, max_in_flight=self.settings.max_in_flight,
-                max_in_flight_per_tenant=self.settings.max_in_flight_per_tenant),
+                max_in_flight_per_tenant=self.settings.max_in_flight_per_tenant,
+                max_connections=self.settings.max_connections),
         )
 
     async def Chat(self, request, context):

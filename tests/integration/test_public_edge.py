@@ -394,3 +394,17 @@ async def test_the_public_port_holds_its_client_connections_to_its_bound(tmp_pat
             await asyncio.sleep(0.05)
         async with gateway_stub(gateway.port, pki.root) as stub:  # and calls go through again
             await stub.CreateSession(pb.CreateSessionRequest(), timeout=10)
+        # GetStats reports the bound, and the doctor reads it with the other public limits.
+        async with gateway_stub(gateway.port, pki.root, identity="operator/admin") as operator:
+            limits = (await operator.GetStats(pb.GetStatsRequest(), timeout=10)).limits
+    assert limits.max_connections == 2
+    from agentgw.checks import Status
+    from agentgw.doctor import public_limits_check
+
+    check = public_limits_check(limits)
+    assert check.status is Status.PASS and check.measured.startswith("2 connections, "), check
+    unbounded = pb.PublicLimits()
+    unbounded.CopyFrom(limits)
+    unbounded.max_connections = 0  # a gateway from before the bound
+    check = public_limits_check(unbounded)
+    assert check.status is Status.WARN and "AGW_GATEWAY_MAX_CONNECTIONS" in check.fix, check

@@ -380,20 +380,22 @@ class GetStatsResponse(_message.Message):
     def __init__(self, backends: _Optional[_Iterable[_Union[BackendStats, _Mapping]]] = ..., in_flight: _Optional[int] = ..., admitted: _Optional[int] = ..., rejected: _Optional[int] = ..., worker_pid: _Optional[int] = ..., database: _Optional[_Union[DatabaseStats, _Mapping]] = ..., event_loop: _Optional[str] = ..., workers: _Optional[int] = ..., cpu_count: _Optional[int] = ..., limits: _Optional[_Union[PublicLimits, _Mapping]] = ..., asyncio_tasks: _Optional[int] = ..., open_fds: _Optional[int] = ..., inference_routing: _Optional[str] = ...) -> None: ...
 
 class PublicLimits(_message.Message):
-    __slots__ = ("max_concurrent_streams", "max_connection_idle_ms", "max_connection_age_ms", "max_receive_bytes", "max_in_flight", "max_in_flight_per_tenant")
+    __slots__ = ("max_concurrent_streams", "max_connection_idle_ms", "max_connection_age_ms", "max_receive_bytes", "max_in_flight", "max_in_flight_per_tenant", "max_connections")
     MAX_CONCURRENT_STREAMS_FIELD_NUMBER: _ClassVar[int]
     MAX_CONNECTION_IDLE_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_CONNECTION_AGE_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_RECEIVE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     MAX_IN_FLIGHT_PER_TENANT_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONNECTIONS_FIELD_NUMBER: _ClassVar[int]
     max_concurrent_streams: int
     max_connection_idle_ms: int
     max_connection_age_ms: int
     max_receive_bytes: int
     max_in_flight: int
     max_in_flight_per_tenant: int
-    def __init__(self, max_concurrent_streams: _Optional[int] = ..., max_connection_idle_ms: _Optional[int] = ..., max_connection_age_ms: _Optional[int] = ..., max_receive_bytes: _Optional[int] = ..., max_in_flight: _Optional[int] = ..., max_in_flight_per_tenant: _Optional[int] = ...) -> None: ...
+    max_connections: int
+    def __init__(self, max_concurrent_streams: _Optional[int] = ..., max_connection_idle_ms: _Optional[int] = ..., max_connection_age_ms: _Optional[int] = ..., max_receive_bytes: _Optional[int] = ..., max_in_flight: _Optional[int] = ..., max_in_flight_per_tenant: _Optional[int] = ..., max_connections: _Optional[int] = ...) -> None: ...
 
 class DatabaseStats(_message.Message):
     __slots__ = ("min_size", "max_size", "open", "idle", "acquire_timeout_ms")
