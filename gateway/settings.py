@@ -130,6 +130,9 @@ class GatewaySettings(ServiceSettings, PublicApiSettings):
     max_connections: int = Field(
         4096, gt=0, description="Client connections one worker process holds on the public port; past it a new one "
         "is closed as it arrives, so a flood of connections costs bounded memory and descriptors.")
+    handshake_timeout_s: float = Field(
+        10.0, gt=0, description="A public connection that has not finished its TLS handshake by then is closed "
+        "(gRPC's default is 120 s), so a slow or silent client cannot hold a connection's place.")
     max_connection_idle_s: float = Field(
         300.0, gt=0, description="A public connection with no call for this long is closed (GOAWAY).")
     max_connection_age_s: float = Field(

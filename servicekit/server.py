@@ -116,6 +116,8 @@ _PUBLIC_LIMITS = (
     ("max_concurrent_streams", "grpc.max_concurrent_streams", 1),
     # Connections the port holds: past it gRPC closes a new one as it arrives (its connection quota).
     ("max_connections", "grpc.max_allowed_incoming_connections", 1),
+    # A handshake not finished by then is dropped: a silent client does not hold one of those places for 120 s.
+    ("handshake_timeout_s", "grpc.server_handshake_timeout_ms", 1000),
     # Idle and aged connections are closed with GOAWAY: no descriptor is held
     # forever, and clients behind an L4 balancer move to new processes.
     ("max_connection_idle_s", "grpc.max_connection_idle_ms", 1000),

@@ -408,3 +408,26 @@ async def test_the_public_port_holds_its_client_connections_to_its_bound(tmp_pat
     unbounded.max_connections = 0  # a gateway from before the bound
     check = public_limits_check(unbounded)
     assert check.status is Status.WARN and "AGW_GATEWAY_MAX_CONNECTIONS" in check.fix, check
+
+
+async def test_a_client_that_never_finishes_its_handshake_is_closed(tmp_path, pki, database_url):
+    """AGW_GATEWAY_HANDSHAKE_TIMEOUT_S: a connection that sends nothing is dropped then, not after gRPC's 120 s,
+    so silent clients cannot hold the connection bound's places."""
+    import socket
+    import time
+
+    def silent_connection_lifetime(port: int) -> float:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            started = time.monotonic()
+            try:
+                sock.recv(1)  # nothing comes: the server closes (EOF) or resets
+            except ConnectionError:
+                pass
+            return time.monotonic() - started
+
+    async with retrieval_server(tmp_path / "retrieval", pki.root) as (retrieval, _), \
+            scripted_app(pki.root) as (inference, _), \
+            gateway_server(pki.root, inference.port, retrieval.port, database_url=database_url,
+                           handshake_timeout_s=1.0) as (gateway, _):
+        lifetime = await asyncio.to_thread(silent_connection_lifetime, gateway.port)
+    assert 0.5 < lifetime < 5, lifetime  # a socket timeout (10 s) would mean the server kept it
