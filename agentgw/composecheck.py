@@ -332,6 +332,9 @@ def _check_edges(services: dict, served: dict, listening: dict) -> list[str]:
             problems.append(f"{edge}: does not wait for {job} (depends_on, condition service_completed_successfully)")
         problems += _check_edge_identity(edge, spec, services, command)
         problems += _check_edge_routes(edge, spec, command, served, listening)
+        problems += drain_problems(edge, "its entrypoint", " ".join(map(str, spec.get("entrypoint") or [])),
+                                   [str(a) for a in spec.get("command") or []], option(command, "--admin"),
+                                   _duration_s(spec.get("stop_grace_period")), "stop_grace_period")
         problems += [problem for name, service in served.items() if service
                      for problem in [unbelieved_edge(name, service, _environment(services[name]))] if problem]
     return problems
@@ -345,6 +348,39 @@ def unbelieved_edge(where: str, service: str, env: dict) -> str | None:
         return None
     return (f"{where}: {variable} does not name {EDGE_IDENTITY}: it would refuse what the edge forwards"
             + (" (Generate and Retrieve: UNIMPLEMENTED)" if service != "gateway" else ""))
+
+
+def drain_problems(where: str, hook: str, script: str, envoy_args: list, admin: str | None, grace_s: float,
+                   grace_name: str) -> list[str]:
+    """Envoy exits on SIGTERM at once, cutting every call through it: ``script`` (what runs before SIGTERM reaches
+    Envoy, named ``hook``) must POST /drain_listeners?graceful to its admin port and wait at least the drain time,
+    and the stop's grace (``grace_name``) must cover it."""
+    if not admin:
+        return [f"{where}: no --admin for {EDGE_CONFIG_COMMAND}: nothing can drain Envoy before SIGTERM cuts the "
+                "calls in flight"]
+    host, _, port = admin.rpartition(":")
+    drain_at = script.find("drain_listeners?graceful")
+    if drain_at < 0 or f"/dev/tcp/{host}/{port}" not in script:
+        return [f"{where}: {hook} does not POST /drain_listeners?graceful to the admin port {admin}"]
+    drain_s = int(option(envoy_args, "--drain-time-s") or 600)  # Envoy's default
+    waited = sum(int(n) for n in re.findall(r"\bsleep (\d+)", script[drain_at:]))
+    total = sum(int(n) for n in re.findall(r"\bsleep (\d+)", script))
+    problems = []
+    if waited < drain_s:
+        problems.append(f"{where}: {hook} waits {waited} s after the drain starts, less than --drain-time-s "
+                        f"{drain_s}: SIGTERM would cut the calls the drain lets finish")
+    if grace_s < total:
+        problems.append(f"{where}: {grace_name} {grace_s:g} < {hook}'s {total} s")
+    return problems
+
+
+def _duration_s(text) -> float:
+    """A Compose duration ("30s", "1m30s", "1.5s"); Compose's default for stop_grace_period is 10 s."""
+    if text is None:
+        return 10.0
+    parts = re.findall(r"([\d.]+)(h|ms|m|s|us)", str(text))
+    scale = {"h": 3600, "m": 60, "s": 1, "ms": 1e-3, "us": 1e-6}
+    return sum(float(value) * scale[unit] for value, unit in parts)
 
 
 def _edge_config_path(job: dict, edge: dict) -> str | None:

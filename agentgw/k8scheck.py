@@ -33,14 +33,13 @@ one line per problem, and exits 1 if there are any. What it holds them to:
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 
 import yaml
 
-from agentgw.composecheck import (EDGE_CONFIG_COMMAND, EDGE_IMAGE, SETTINGS, _pinned, _settings_class, option,
-                                  unbelieved_edge)
+from agentgw.composecheck import (EDGE_CONFIG_COMMAND, EDGE_IMAGE, SETTINGS, _pinned, _settings_class,
+                                  drain_problems, option, unbelieved_edge)
 from servicekit.identity import DEFAULT_TRUST_DOMAIN
 from servicekit.settings import environment_names
 
@@ -311,28 +310,11 @@ def _check_edge(where, doc, container, services, docs, certificates) -> list[str
 
 
 def _check_edge_drain(where, pod, container, admin: str | None) -> list[str]:
-    """Envoy exits on SIGTERM without draining: the preStop hook must drain it through its admin port and wait at
-    least the drain time, and the termination grace must cover the hook."""
-    if not admin:
-        return [f"{where}: no --admin for {EDGE_CONFIG_COMMAND}: nothing can drain Envoy before SIGTERM cuts the "
-                "calls in flight"]
-    host, _, port = admin.rpartition(":")
+    """The preStop hook drains Envoy through its admin port, within the pod's termination grace."""
     script = " ".join(map(str, ((container.get("lifecycle") or {}).get("preStop") or {}).get("exec", {})
                           .get("command", [])))
-    drain_at = script.find("drain_listeners?graceful")
-    if drain_at < 0 or f"/dev/tcp/{host}/{port}" not in script:
-        return [f"{where}: its preStop does not POST /drain_listeners?graceful to the admin port {admin}"]
-    drain_s = int(option(container.get("args") or [], "--drain-time-s") or 600)  # Envoy's default
-    waited = sum(int(n) for n in re.findall(r"\bsleep (\d+)", script[drain_at:]))
-    hook = sum(int(n) for n in re.findall(r"\bsleep (\d+)", script))
-    problems = []
-    if waited < drain_s:
-        problems.append(f"{where}: its preStop waits {waited} s after the drain starts, less than --drain-time-s "
-                        f"{drain_s}: SIGTERM would cut the calls the drain lets finish")
-    if pod.get("terminationGracePeriodSeconds", 30) < hook:
-        problems.append(f"{where}: terminationGracePeriodSeconds {pod.get('terminationGracePeriodSeconds', 30)} < its "
-                        f"preStop's {hook} s")
-    return problems
+    return drain_problems(where, "its preStop", script, container.get("args") or [], admin,
+                          pod.get("terminationGracePeriodSeconds", 30), "terminationGracePeriodSeconds")
 
 
 def _pods_of(name: str) -> dict:

@@ -124,6 +124,10 @@ def _set_option(command: list, flag: str, value: str) -> None:
     command[command.index(flag) + 1] = value
 
 
+def _drop_option(command: list, flag: str) -> None:
+    del command[command.index(flag):command.index(flag) + 2]
+
+
 @pytest.mark.parametrize(("change", "expected"), [
     (lambda s: s["inference"]["environment"].pop("AGW_INFERENCE_EDGE_CLIENTS"),
      "inference: AGW_INFERENCE_EDGE_CLIENTS does not name service/edge: it would refuse what the edge forwards "
@@ -148,6 +152,13 @@ def _set_option(command: list, flag: str, value: str) -> None:
     (lambda s: s["edge"]["volumes"][1].update(target="/edge"), "at the job's own path"),
     (lambda s: s["edge"]["depends_on"].pop("edge-config"), "edge: does not wait for edge-config"),
     (lambda s: s["edge"].update(image="envoyproxy/envoy:latest"), "edge: image 'envoyproxy/envoy:latest' is not pinned"),
+    # A stop drains Envoy first: through the admin port, waiting out the drain, within the stop's grace.
+    (lambda s: _drop_option(_job(s), "--admin"), "edge: no --admin for edge-config: nothing can drain Envoy"),
+    (lambda s: s["edge"].pop("entrypoint"),
+     "edge: its entrypoint does not POST /drain_listeners?graceful to the admin port 127.0.0.1:9901"),
+    (lambda s: _set_option(s["edge"]["command"], "--drain-time-s", "30"),
+     "edge: its entrypoint waits 20 s after the drain starts, less than --drain-time-s 30"),
+    (lambda s: s["edge"].pop("stop_grace_period"), "edge: stop_grace_period 10 < its entrypoint's 20 s"),
 ])
 def test_a_broken_edge_fails_naming_the_problem(with_edge, change, expected):
     problems = _broken(with_edge, change)

@@ -282,15 +282,41 @@ async def test_the_edge_takes_a_renewed_certificate_without_a_restart(tmp_path):
         await asyncio.to_thread(edge.stop)
 
 
-async def test_a_draining_edge_finishes_the_stream_in_flight_then_closes(tmp_path, gateway, inference, retrieval, pki):
-    """What deploy/k8s's preStop does before SIGTERM (which Envoy obeys at once, cutting every stream): POST
-    /drain_listeners?graceful on the loopback admin port. The stream in flight runs to its end; the listener
-    closes when the drain time is over."""
+async def _a_stream_outlives_the_drain(port: int, pki, start_drain) -> None:
+    """A Chat turn through the edge on ``port`` (the gateway's route: 12 tokens 0.25 s apart, 3 s in all); after its
+    first message, ``start_drain()`` (blocking). The turn runs to its end, past 2 s of draining, and when the drain
+    is over the listener is closed."""
     import time
-    import urllib.request
 
     from agent.gateway.v1 import gateway_pb2_grpc
     from agent.inference.v1 import inference_pb2
+
+    async with mtls_channel(port, pki.root, identity="tenant/dev") as channel:
+        stream = gateway_pb2_grpc.AgentGatewayStub(channel).Chat(pb.ChatRequest(
+            message="tokens=12 delay=0.25", generation=inference_pb2.SamplingParams(max_tokens=12)), timeout=30)
+        messages = [await stream.read()]
+        await asyncio.to_thread(start_drain)
+        draining_since = time.monotonic()
+        while (message := await stream.read()) is not grpc.aio.EOF:
+            messages.append(message)
+        assert await stream.code() == grpc.StatusCode.OK
+    assert time.monotonic() - draining_since > 2  # the stream outlived the drain time: it was not cut
+    final = messages[-1].final
+    assert messages[-1].HasField("final") and not final.degraded, messages[-1]
+    # All 12 tokens: the turn ended at its length, its generation ran its 2.75 s.
+    assert final.finish_reason == inference_pb2.FINISH_REASON_LENGTH and final.timings.generation_ms > 2500
+    for _ in range(100):  # the drain over, the listener is closed: a new connection is refused
+        if await asyncio.to_thread(served_serial, port, pki.identity("tenant/dev")) is None:
+            return
+        await asyncio.sleep(0.1)
+    pytest.fail("the edge still accepts connections after its drain")
+
+
+async def test_a_draining_edge_finishes_the_stream_in_flight_then_closes(tmp_path, gateway, inference, retrieval, pki):
+    """What deploy/k8s's preStop does before SIGTERM (which Envoy obeys at once, cutting every stream): POST
+    /drain_listeners?graceful on the loopback admin port."""
+    import urllib.request
+
     from agentgw.edge_process import EdgeProcess
     from tests.support.servers import free_port
 
@@ -298,33 +324,62 @@ async def test_a_draining_edge_finishes_the_stream_in_flight_then_closes(tmp_pat
     edge = EdgeProcess(tmp_path / "edge", pki.root, listen=f"127.0.0.1:{port}", gateway=f"127.0.0.1:{gateway.port}",
                        inference=[f"127.0.0.1:{inference.port}"], retrieval=f"127.0.0.1:{retrieval.port}",
                        admin=f"127.0.0.1:{admin}", drain_s=2)
+
+    def drain() -> None:
+        request = urllib.request.Request(f"http://127.0.0.1:{admin}/drain_listeners?graceful", method="POST")
+        assert urllib.request.urlopen(request, timeout=5).read().strip() == b"OK"
+
     try:
         await asyncio.to_thread(edge.wait_answering, 30)
-        async with mtls_channel(port, pki.root, identity="tenant/dev") as channel:
-            # A Chat turn, on the gateway's route: 12 tokens 0.25 s apart, 3 s in all, longer than the drain.
-            stream = gateway_pb2_grpc.AgentGatewayStub(channel).Chat(pb.ChatRequest(
-                message="tokens=12 delay=0.25", generation=inference_pb2.SamplingParams(max_tokens=12)), timeout=30)
-            messages = [await stream.read()]
-            request = urllib.request.Request(f"http://127.0.0.1:{admin}/drain_listeners?graceful", method="POST")
-            drained = await asyncio.to_thread(lambda: urllib.request.urlopen(request, timeout=5).read())
-            assert drained.strip() == b"OK"
-            draining_since = time.monotonic()
-            while (message := await stream.read()) is not grpc.aio.EOF:
-                messages.append(message)
-            assert await stream.code() == grpc.StatusCode.OK
-        assert time.monotonic() - draining_since > 2  # the stream outlived the drain time: it was not cut
-        final = messages[-1].final
-        assert messages[-1].HasField("final") and not final.degraded, messages[-1]
-        # All 12 tokens: the turn ended at its length, its generation ran its 2.75 s.
-        assert final.finish_reason == inference_pb2.FINISH_REASON_LENGTH and final.timings.generation_ms > 2500
-        # The drain over, the listener is closed: a new connection is refused.
-        for _ in range(100):
-            if await asyncio.to_thread(served_serial, port, pki.identity("tenant/dev")) is None:
-                break
-            await asyncio.sleep(0.1)
-        assert await asyncio.to_thread(served_serial, port, pki.identity("tenant/dev")) is None, "the edge still accepts after its drain"
+        await _a_stream_outlives_the_drain(port, pki, drain)
     finally:
         await asyncio.to_thread(edge.stop)
+
+
+async def test_the_compose_edges_entrypoint_drains_envoy_on_sigterm(tmp_path, gateway, inference, retrieval, pki):
+    """compose/edge.yml's own entrypoint script (its waits cut to a 4 s drain), running the wheel's Envoy with the
+    bootstrap its edge-config job's arguments make: `docker compose stop` sends the script SIGTERM, and it drains
+    Envoy before stopping it, then exits with Envoy's status."""
+    import os
+    import signal
+    import subprocess
+
+    from agentgw import composecheck
+    from agentgw.cli import main
+    from agentgw.edge_process import envoy_binary
+    from tests.support.servers import free_port
+
+    services = composecheck.load(composecheck.DEFAULT_FILE, composecheck.EDGE_FILE)["services"]
+    shell, flag, script, name = services["edge"]["entrypoint"]
+    job = [str(a) for a in services["edge-config"]["command"]]
+    port, admin = free_port(), free_port()
+    # Compose's escape of $; the test's drain time (4 s: the 3 s turn ends within it, and SIGTERM comes after);
+    # a free port for the container's own 9901.
+    script = script.replace("$$", "$").replace("sleep 20", "sleep 4").replace(
+        f"/dev/tcp/{job[job.index('--admin') + 1].replace(':', '/')}", f"/dev/tcp/127.0.0.1/{admin}")
+    for option, value in (("--tls-dir", pki.root), ("--listen", f"127.0.0.1:{port}"),
+                          ("--gateway", f"127.0.0.1:{gateway.port}"), ("--inference", f"127.0.0.1:{inference.port}"),
+                          ("--retrieval", f"127.0.0.1:{retrieval.port}"), ("--admin", f"127.0.0.1:{admin}"),
+                          ("--out", tmp_path / "envoy.json")):
+        job[job.index(option) + 1] = str(value)
+    assert main(job) == 0
+    envoy_args = [str(a) for a in services["edge"]["command"]]
+    envoy_args[envoy_args.index("-c") + 1] = str(tmp_path / "envoy.json")
+    envoy_args[envoy_args.index("--drain-time-s") + 1] = "4"
+    env = {**os.environ, "PATH": f"{os.path.dirname(envoy_binary())}:{os.environ['PATH']}"}
+    edge = subprocess.Popen([shell, flag, script, name, *envoy_args, "--use-dynamic-base-id"], env=env,
+                            stdout=(tmp_path / "edge.log").open("wb"), stderr=subprocess.STDOUT)
+    try:
+        for _ in range(200):
+            if await asyncio.to_thread(served_serial, port, pki.identity("tenant/dev")) is not None:
+                break
+            await asyncio.sleep(0.05)
+        await _a_stream_outlives_the_drain(port, pki, lambda: edge.send_signal(signal.SIGTERM))
+        assert await asyncio.to_thread(edge.wait, 10) == 0, (tmp_path / "edge.log").read_text()[-2000:]
+    finally:
+        if edge.poll() is None:
+            edge.kill()
+            edge.wait()
 
 
 async def test_the_edge_holds_its_client_connections_to_its_bound(tmp_path, pki):
