@@ -27,7 +27,9 @@ What the edge does not do as the gateway does: per-tenant admission and
 cache-affine replica routing for the passthrough methods. Envoy spreads
 ``Generate`` over the replicas by least requests, and the inference
 service's own queue bound (``AGW_INFERENCE_MAX_WAITING``) refuses with
-``RESOURCE_EXHAUSTED``. Chat, which carries the sessions, keeps both.
+``RESOURCE_EXHAUSTED``. Chat, which carries the sessions, keeps both. Like
+the gateway, the edge retries a ``Generate`` that failed before its first
+message, once, on another replica.
 """
 
 from __future__ import annotations
@@ -140,10 +142,27 @@ def _cluster(name: str, targets: Sequence[str], files: IdentityFiles, bootstrap:
     }
 
 
+#: As the gateway retries an inference call (gateway.backends.reroute): once, on another replica, when it failed
+#: before its first message for a reason that means nothing was generated there: the replica refused the
+#: connection or the stream, reset it, or answered UNAVAILABLE (not ready, draining). Envoy retries only until
+#: response headers have gone to the client, which a gRPC server sends with its first message; the request is
+#: whole in the buffer filter, so it can be sent again.
+_RETRY_BEFORE_FIRST_MESSAGE = {
+    "retry_on": "connect-failure,refused-stream,reset,unavailable",
+    "num_retries": 1,
+    "retry_host_predicate": [{"name": "envoy.retry_host_predicates.previous_hosts", "typed_config": {
+        "@type": f"{_TYPES}.retry.host.previous_hosts.v3.PreviousHostsPredicate"}}],
+    "host_selection_retry_max_attempts": 3,
+    "retry_back_off": {"base_interval": "0.005s", "max_interval": "0.05s"},
+}
+
+
 def _routes() -> list[dict]:
     # timeout 0: streams live as long as they need; the client's grpc-timeout bounds each call.
     stream = {"timeout": "0s", "max_stream_duration": {"grpc_timeout_header_max": "0s"}}
-    routes = [{"match": {"path": path}, "route": {"cluster": cluster, **stream},
+    routes = [{"match": {"path": path}, "route": {
+                   "cluster": cluster, **stream,
+                   **({"retry_policy": _RETRY_BEFORE_FIRST_MESSAGE} if cluster == "inference" else {})},
                "request_headers_to_remove": _CLIENT_TRACE_HEADERS}
               for path, cluster in PASSTHROUGH_ROUTES.items()]
     # The gateway bounds its own requests before decoding them (AGW_GATEWAY_MAX_RECEIVE_BYTES): no buffering here.

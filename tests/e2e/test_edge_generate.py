@@ -95,3 +95,21 @@ async def test_the_public_bounds_hold_on_the_edges_generate(stack, pki):
                       pb.GenerateRequest(request=inference_pb2.GenerateRequest(prompt="x" * 16_001)))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "request.prompt" in caught.value.details() and "AGW_GATEWAY_MAX_MESSAGE_CHARS" in caught.value.details()
+
+
+async def test_a_generate_that_fails_before_its_first_message_is_retried_on_another_replica(
+        tmp_path, stack, inference_service, pki):
+    """Like the gateway (gateway.backends.reroute), the edge retries a Generate once, on another replica, when the
+    first one refused it before any message: here one of its two replicas is a port where nothing listens. Envoy
+    picks between the two for each call, so without the retry about half would fail UNAVAILABLE."""
+    from tests.support.servers import free_port
+
+    edge, gateway = stack
+    nowhere = free_port()
+    request = pb.GenerateRequest(request=inference_pb2.GenerateRequest(
+        prompt="Retry me.", sampling=inference_pb2.SamplingParams(max_tokens=2, temperature=0)))
+    async with edge_proxy(tmp_path, pki.root, gateway_port=gateway, inference_ports=[nowhere, inference_service.port],
+                          retrieval_port=nowhere) as port:
+        streams = [await _stream(port, pki, "tenant/dev", GENERATE, request) for _ in range(8)]
+    assert all(inference_pb2.GenerateResponse.FromString(unwrap(1, s[-1])).result.usage.completion_tokens == 2
+               for s in streams)
