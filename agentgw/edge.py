@@ -58,6 +58,10 @@ DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
 DEFAULT_MAX_CONNECTIONS = 4096
 #: A client has this long to finish its TLS handshake, and then to send a request's headers, or is closed.
 HANDSHAKE_TIMEOUT_S = 10
+#: Streams one client connection may hold (the gateway's AGW_GATEWAY_MAX_CONCURRENT_STREAMS default).
+MAX_STREAMS_PER_CONNECTION = 100
+#: How often the edge checks each backend host's gRPC health, seconds.
+DEFAULT_HEALTH_CHECK_S = 2.0
 
 
 def _host_port(target: str) -> tuple[str, int]:
@@ -119,8 +123,38 @@ def _spiffe_match(kind: str, value: str) -> dict:
     return {"match_typed_subject_alt_names": [{"san_type": "URI", "matcher": {kind: value}}]}
 
 
+def _health(health_check_s: float, max_requests: int) -> dict:
+    """Which of a cluster's hosts get calls, and how many.
+
+    - Active gRPC health checks (grpc.health.v1, over the cluster's mTLS, every ``health_check_s``; 0: none): a
+      host NOT_SERVING (warming up, draining) or not answering gets no calls, as the gateway routes only to a
+      SERVING replica; with none healthy the call fails UNAVAILABLE rather than going to them anyway (no panic
+      routing).
+    - Outlier detection: two failures of the edge's own making in a row (connection refused, reset, timeout)
+      eject a host for 10 s. Without it a dead host, with no requests in flight, is what least-requests picks
+      first, retries included.
+    - Circuit breakers no lower than what the listener can carry (connections times streams), so the backends'
+      own bounds refuse with their RESOURCE_EXHAUSTED and not Envoy's opaque overflow; a retry budget of every
+      request, so each call that needs its one retry gets it (Envoy's default allows 3 retries in flight).
+    """
+    config = {
+        "outlier_detection": {"split_external_local_origin_errors": True, "consecutive_local_origin_failure": 2,
+                              "enforcing_consecutive_local_origin_failure": 100, "interval": "1s",
+                              "base_ejection_time": "10s", "max_ejection_percent": 50},
+        "circuit_breakers": {"thresholds": [{
+            "max_requests": max_requests, "max_pending_requests": max_requests,
+            "retry_budget": {"budget_percent": {"value": 100.0}, "min_retry_concurrency": 16}}]},
+    }
+    if health_check_s > 0:
+        interval = f"{health_check_s:g}s"
+        config["health_checks"] = [{"timeout": "1s", "interval": interval, "no_traffic_interval": interval,
+                                    "unhealthy_threshold": 2, "healthy_threshold": 1, "grpc_health_check": {}}]
+        config["common_lb_config"] = {"healthy_panic_threshold": {"value": 0.0}}
+    return config
+
+
 def _cluster(name: str, targets: Sequence[str], files: IdentityFiles, bootstrap: Path, trust_domain: str,
-             keepalive_s: float) -> dict:
+             keepalive_s: float, health: dict) -> dict:
     """A backend over mTLS with the edge's identity; its certificate must be ``service/<name>``'s."""
     endpoints = [_host_port(target) for target in targets]
     tls = {"common_tls_context": _tls_context(
@@ -139,6 +173,7 @@ def _cluster(name: str, targets: Sequence[str], files: IdentityFiles, bootstrap:
             for host, port in endpoints]}]},
         "transport_socket": {"name": "envoy.transport_sockets.tls", "typed_config": {
             "@type": f"{_TYPES}.transport_sockets.tls.v3.UpstreamTlsContext", **tls}},
+        **health,
     }
 
 
@@ -152,7 +187,7 @@ _RETRY_BEFORE_FIRST_MESSAGE = {
     "num_retries": 1,
     "retry_host_predicate": [{"name": "envoy.retry_host_predicates.previous_hosts", "typed_config": {
         "@type": f"{_TYPES}.retry.host.previous_hosts.v3.PreviousHostsPredicate"}}],
-    "host_selection_retry_max_attempts": 3,
+    "host_selection_retry_max_attempts": 5,
     "retry_back_off": {"base_interval": "0.005s", "max_interval": "0.05s"},
 }
 
@@ -203,7 +238,7 @@ def _connection_manager(max_request_bytes: int) -> dict:
         "forward_client_cert_details": "SANITIZE_SET",
         "set_current_client_cert_details": {"uri": True, "cert": True},
         # The gateway's public-port bounds (AGW_GATEWAY_MAX_CONCURRENT_STREAMS, _IDLE_S, _AGE_S, metadata).
-        "http2_protocol_options": {"max_concurrent_streams": 100},
+        "http2_protocol_options": {"max_concurrent_streams": MAX_STREAMS_PER_CONNECTION},
         "common_http_protocol_options": {"idle_timeout": "300s", "max_connection_duration": "1800s"},
         # A client that opens a stream and sends no headers holds nothing for long (slowloris).
         "request_headers_timeout": f"{HANDSHAKE_TIMEOUT_S}s",
@@ -256,7 +291,7 @@ def _connection_bound(max_connections: int) -> dict:
 def edge_config(tls_dir: Path, bootstrap_path: Path, *, listen: str, gateway: str, inference: Sequence[str],
                 retrieval: str, trust_domain: str = DEFAULT_TRUST_DOMAIN, keepalive_s: float = 20.0,
                 max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_connections: int = DEFAULT_MAX_CONNECTIONS,
-                admin: str | None = None) -> EdgeConfig:
+                health_check_s: float = DEFAULT_HEALTH_CHECK_S, admin: str | None = None) -> EdgeConfig:
     """Envoy's config for the edge: ``listen`` (host:port) public, the three services behind it.
 
     ``inference``: the replicas' host:port (several: least requests). The
@@ -264,8 +299,10 @@ def edge_config(tls_dir: Path, bootstrap_path: Path, *, listen: str, gateway: st
     ``bootstrap_path``: where Envoy will read the bootstrap; the secret files go
     beside it. Both paths are as Envoy sees them, and made absolute.
     ``max_connections``: client connections held at once; newer ones are
-    closed as they arrive. ``admin``: a loopback host:port for Envoy's admin
-    interface (none by default), through which a stop drains first.
+    closed as they arrive. ``health_check_s``: how often each backend host's
+    gRPC health is checked (0: never; outlier detection still ejects a host
+    that fails). ``admin``: a loopback host:port for Envoy's admin interface
+    (none by default), through which a stop drains first.
     """
     tls_dir, bootstrap_path = tls_dir.absolute(), bootstrap_path.absolute()
     files = IdentityFiles.of(tls_dir, EDGE)
@@ -285,7 +322,8 @@ def edge_config(tls_dir: Path, bootstrap_path: Path, *, listen: str, gateway: st
                 "transport_socket_connect_timeout": f"{HANDSHAKE_TIMEOUT_S}s",
             }],
         }],
-        "clusters": [_cluster(name, targets, files, bootstrap_path, trust_domain, keepalive_s)
+        "clusters": [_cluster(name, targets, files, bootstrap_path, trust_domain, keepalive_s,
+                              _health(health_check_s, max_connections * MAX_STREAMS_PER_CONNECTION))
                      for name, targets in (("gateway", [gateway]), ("inference", inference), ("retrieval", [retrieval]))],
     }, "overload_manager": _connection_bound(max_connections)}
     if admin:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from servicekit.identity import DEFAULT_TRUST_DOMAIN
 
-from agentgw.edge import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_REQUEST_BYTES, EDGE, edge_config
+from agentgw.edge import DEFAULT_HEALTH_CHECK_S, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_REQUEST_BYTES, EDGE, edge_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
                         help="client connections the edge holds at once; newer ones are closed as they arrive "
                              f"(default {DEFAULT_MAX_CONNECTIONS})")
+    parser.add_argument("--health-check-s", type=float, default=DEFAULT_HEALTH_CHECK_S,
+                        help="how often each backend host's gRPC health is checked; a host not SERVING gets no calls "
+                             f"(default {DEFAULT_HEALTH_CHECK_S:g}; 0: never)")
     parser.add_argument("--admin", help="a loopback host:port for Envoy's admin interface (default: none), so that a "
                                         "stop can drain first: POST /drain_listeners?graceful (deploy/k8s does)")
     parser.add_argument("--out", type=Path, required=True,
@@ -45,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
                              inference=[t.strip() for t in args.inference.split(",") if t.strip()],
                              retrieval=args.retrieval, trust_domain=args.trust_domain,
                              max_request_bytes=args.max_request_bytes, max_connections=args.max_connections,
-                             admin=args.admin)
+                             health_check_s=args.health_check_s, admin=args.admin)
     except ValueError as exc:
         print(f"agentgw edge-config: {exc}", file=sys.stderr)
         return 2

@@ -97,19 +97,45 @@ async def test_the_public_bounds_hold_on_the_edges_generate(stack, pki):
     assert "request.prompt" in caught.value.details() and "AGW_GATEWAY_MAX_MESSAGE_CHARS" in caught.value.details()
 
 
+def _all_answered(streams: list[list[bytes]]) -> bool:
+    return all(inference_pb2.GenerateResponse.FromString(unwrap(1, s[-1])).result.usage.completion_tokens == 2
+               for s in streams)
+
+
+_RETRY_ME = pb.GenerateRequest(request=inference_pb2.GenerateRequest(
+    prompt="Retry me.", sampling=inference_pb2.SamplingParams(max_tokens=2, temperature=0)))
+
+
 async def test_a_generate_that_fails_before_its_first_message_is_retried_on_another_replica(
         tmp_path, stack, inference_service, pki):
     """Like the gateway (gateway.backends.reroute), the edge retries a Generate once, on another replica, when the
-    first one refused it before any message: here one of its two replicas is a port where nothing listens. Envoy
-    picks between the two for each call, so without the retry about half would fail UNAVAILABLE."""
+    first refused it before any message: here one of its two replicas is a port where nothing listens, and the
+    health checks are off, so only the retry and outlier detection keep calls whole. Every call is answered, one
+    at a time and 6 at once (as many as the test engine takes: 4 running, 2 waiting); least-requests prefers the
+    dead replica, which holds no request."""
+    import asyncio
+
     from tests.support.servers import free_port
 
     edge, gateway = stack
     nowhere = free_port()
-    request = pb.GenerateRequest(request=inference_pb2.GenerateRequest(
-        prompt="Retry me.", sampling=inference_pb2.SamplingParams(max_tokens=2, temperature=0)))
+    async with edge_proxy(tmp_path, pki.root, gateway_port=gateway, inference_ports=[nowhere, inference_service.port],
+                          retrieval_port=nowhere, health_check_s=0) as port:
+        one_by_one = [await _stream(port, pki, "tenant/dev", GENERATE, _RETRY_ME) for _ in range(8)]
+        at_once = await asyncio.gather(*(_stream(port, pki, "tenant/dev", GENERATE, _RETRY_ME) for _ in range(6)))
+    assert _all_answered([*one_by_one, *at_once])
+
+
+async def test_a_replica_that_is_not_serving_gets_no_generate(tmp_path, stack, inference_service, pki):
+    """The edge's gRPC health checks keep calls off a replica that does not answer SERVING (here: nothing listens),
+    from the first call: 6 at once, all answered by the healthy one."""
+    import asyncio
+
+    from tests.support.servers import free_port
+
+    edge, gateway = stack
+    nowhere = free_port()
     async with edge_proxy(tmp_path, pki.root, gateway_port=gateway, inference_ports=[nowhere, inference_service.port],
                           retrieval_port=nowhere) as port:
-        streams = [await _stream(port, pki, "tenant/dev", GENERATE, request) for _ in range(8)]
-    assert all(inference_pb2.GenerateResponse.FromString(unwrap(1, s[-1])).result.usage.completion_tokens == 2
-               for s in streams)
+        at_once = await asyncio.gather(*(_stream(port, pki, "tenant/dev", GENERATE, _RETRY_ME) for _ in range(6)))
+    assert _all_answered(at_once)

@@ -110,3 +110,20 @@ def test_the_edge_bounds_its_connections_and_slow_clients(tmp_path):
     with pytest.raises(ValueError, match="--max-connections must be at least 1"):
         edge_config(tmp_path, tmp_path / "envoy.json", listen="0.0.0.0:50051", gateway="g:1", inference=["i:2"],
                     retrieval="r:3", max_connections=0)
+
+
+def test_the_edge_sends_calls_to_healthy_backends_only(tmp_path):
+    clusters = {c["name"]: c for c in edge_config(
+        tmp_path, tmp_path / "envoy.json", listen="0.0.0.0:50051", gateway="g:1", inference=["i:2", "j:2"],
+        retrieval="r:3", max_connections=10).bootstrap["static_resources"]["clusters"]}
+    for cluster in clusters.values():
+        [check] = cluster["health_checks"]
+        assert "grpc_health_check" in check and check["interval"] == "2s"  # grpc.health.v1, over the cluster's mTLS
+        assert cluster["common_lb_config"]["healthy_panic_threshold"]["value"] == 0  # none healthy: UNAVAILABLE
+        assert cluster["outlier_detection"]["consecutive_local_origin_failure"] == 2
+        [limits] = cluster["circuit_breakers"]["thresholds"]
+        assert limits["max_requests"] == 10 * 100  # what the listener can carry: connections times streams
+        assert limits["retry_budget"]["budget_percent"]["value"] == 100
+    no_checks = edge_config(tmp_path, tmp_path / "envoy.json", listen="0.0.0.0:50051", gateway="g:1",
+                            inference=["i:2"], retrieval="r:3", health_check_s=0).bootstrap
+    assert all("health_checks" not in c and "outlier_detection" in c for c in no_checks["static_resources"]["clusters"])
