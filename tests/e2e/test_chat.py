@@ -57,7 +57,9 @@ async def test_two_turns_share_history_and_the_prefix_cache(stub, recorded_spans
     assert first.usage.cached_prompt_tokens < 32
     assert second.usage.cached_prompt_tokens >= first.usage.prompt_tokens - 64, (first.usage, second.usage)
     assert second.usage.prompt_tokens > first.usage.prompt_tokens  # turn 1 is in turn 2's prompt
-    assert second.timings.first_token_ms < first.timings.first_token_ms
+    # The cache is shown by the tokens above, not by a faster first token: a wall-clock comparison failed once in CI
+    # when the second turn's history read stalled 367 ms on a shared machine (bench/inference_prefix_cache.py
+    # measures the time).
     messages = (await stub.ListMessages(pb.ListMessagesRequest(session_id=session), timeout=5)).messages
     assert [(m.ordinal, m.role) for m in messages] == [
         (0, inference_pb2.ROLE_USER), (1, inference_pb2.ROLE_ASSISTANT),
