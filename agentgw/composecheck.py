@@ -409,9 +409,11 @@ def _check_edge_identity(edge: str, spec: dict, services: dict, command: list[st
 
 def _check_edge_routes(edge: str, spec: dict, command: list[str], served: dict, listening: dict) -> list[str]:
     problems = []
-    listen = (option(command, "--listen") or "").rpartition(":")[2]
-    if not listen.isdigit() or int(listen) not in _container_ports(spec):
-        problems.append(f"{edge}: listens on {listen!r} (--listen) but exposes {sorted(_container_ports(spec))}")
+    for flag in ("--listen", "--metrics"):
+        value = option(command, flag)
+        port = (value or "").rpartition(":")[2]
+        if (value or flag == "--listen") and (not port.isdigit() or int(port) not in _container_ports(spec)):
+            problems.append(f"{edge}: listens on {port!r} ({flag}) but exposes {sorted(_container_ports(spec))}")
     for flag, service in (("--gateway", "gateway"), ("--inference", "inference"), ("--retrieval", "retrieval")):
         for target in (option(command, flag) or "").split(","):
             host, _, port = target.strip().rpartition(":")

@@ -278,6 +278,32 @@ def _admin(address: str) -> dict:
     return {"address": {"socket_address": {"address": host, "port_value": port}}}
 
 
+def _metrics_listener(address: str, admin: str) -> tuple[dict, dict]:
+    """A plain-HTTP listener serving Envoy's Prometheus stats alone (``/metrics``, from the admin interface's
+    ``/stats/prometheus``), so a scraper on a private network reads the edge's counters (requests, retries,
+    ejections, health) without reaching the admin interface, which can stop Envoy. Every other path is 404."""
+    host, port = _host_port(address)
+    admin_host, admin_port = _host_port(admin)
+    routes = [{"match": {"path": "/metrics"},
+               "route": {"cluster": "admin", "prefix_rewrite": "/stats/prometheus", "timeout": "5s"}},
+              {"match": {"prefix": "/"}, "direct_response": {"status": 404}}]
+    listener = {
+        "name": "metrics",
+        "address": {"socket_address": {"address": host, "port_value": port}},
+        "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": {
+            "@type": f"{_TYPES}.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            "stat_prefix": "metrics", "codec_type": "AUTO",
+            "route_config": {"virtual_hosts": [{"name": "metrics", "domains": ["*"], "routes": routes}]},
+            "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+                "@type": f"{_TYPES}.filters.http.router.v3.Router"}}],
+        }}]}],
+    }
+    cluster = {"name": "admin", "type": "STATIC", "connect_timeout": "1s", "load_assignment": {
+        "cluster_name": "admin", "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {
+            "address": admin_host, "port_value": admin_port}}}}]}]}}
+    return listener, cluster
+
+
 def _connection_bound(max_connections: int) -> dict:
     """Envoy's overload manager, holding the client connections to ``max_connections`` across its workers."""
     if max_connections < 1:
@@ -291,7 +317,8 @@ def _connection_bound(max_connections: int) -> dict:
 def edge_config(tls_dir: Path, bootstrap_path: Path, *, listen: str, gateway: str, inference: Sequence[str],
                 retrieval: str, trust_domain: str = DEFAULT_TRUST_DOMAIN, keepalive_s: float = 20.0,
                 max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_connections: int = DEFAULT_MAX_CONNECTIONS,
-                health_check_s: float = DEFAULT_HEALTH_CHECK_S, admin: str | None = None) -> EdgeConfig:
+                health_check_s: float = DEFAULT_HEALTH_CHECK_S, admin: str | None = None,
+                metrics: str | None = None) -> EdgeConfig:
     """Envoy's config for the edge: ``listen`` (host:port) public, the three services behind it.
 
     ``inference``: the replicas' host:port (several: least requests). The
@@ -302,7 +329,9 @@ def edge_config(tls_dir: Path, bootstrap_path: Path, *, listen: str, gateway: st
     closed as they arrive. ``health_check_s``: how often each backend host's
     gRPC health is checked (0: never; outlier detection still ejects a host
     that fails). ``admin``: a loopback host:port for Envoy's admin interface
-    (none by default), through which a stop drains first.
+    (none by default), through which a stop drains first. ``metrics``: a
+    host:port serving Envoy's Prometheus stats at ``/metrics`` (and nothing
+    else; it needs ``admin``).
     """
     tls_dir, bootstrap_path = tls_dir.absolute(), bootstrap_path.absolute()
     files = IdentityFiles.of(tls_dir, EDGE)
@@ -328,4 +357,10 @@ def edge_config(tls_dir: Path, bootstrap_path: Path, *, listen: str, gateway: st
     }, "overload_manager": _connection_bound(max_connections)}
     if admin:
         bootstrap["admin"] = _admin(admin)
+    if metrics:
+        if not admin:
+            raise ValueError("--metrics needs --admin: the stats it serves are the admin interface's")
+        listener, cluster = _metrics_listener(metrics, admin)
+        bootstrap["static_resources"]["listeners"].append(listener)
+        bootstrap["static_resources"]["clusters"].append(cluster)
     return EdgeConfig(bootstrap_path, bootstrap, _secrets(files, bootstrap_path))

@@ -36,6 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"(default {DEFAULT_HEALTH_CHECK_S:g}; 0: never)")
     parser.add_argument("--admin", help="a loopback host:port for Envoy's admin interface (default: none), so that a "
                                         "stop can drain first: POST /drain_listeners?graceful (deploy/k8s does)")
+    parser.add_argument("--metrics", help="host:port serving Envoy's Prometheus stats at /metrics, plain HTTP, for a "
+                                          "private network's scraper (default: none; needs --admin)")
     parser.add_argument("--out", type=Path, required=True,
                         help="the bootstrap's path, as Envoy will see it; the two secret files (*.sds.json) go beside "
                              "it, and Envoy re-reads them when the edge's certificate is renewed")
@@ -48,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
                              inference=[t.strip() for t in args.inference.split(",") if t.strip()],
                              retrieval=args.retrieval, trust_domain=args.trust_domain,
                              max_request_bytes=args.max_request_bytes, max_connections=args.max_connections,
-                             health_check_s=args.health_check_s, admin=args.admin)
+                             health_check_s=args.health_check_s, admin=args.admin,
+                             metrics=args.metrics)
     except ValueError as exc:
         print(f"agentgw edge-config: {exc}", file=sys.stderr)
         return 2

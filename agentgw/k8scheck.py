@@ -296,9 +296,12 @@ def _check_edge(where, doc, container, services, docs, certificates) -> list[str
         problems.append(f"{where}: runs {config!r}, but {job['name']} writes {out!r}: mount its volume at the same path "
                         "(the bootstrap names its secret files by their paths there)")
     problems += _check_identity(where, doc, container, "edge", certificates, tls_dir=option(args, "--tls-dir"))
-    listen = (option(args, "--listen") or "").rpartition(":")[2]
-    if not listen.isdigit() or int(listen) not in {p["containerPort"] for p in container.get("ports", [])}:
-        problems.append(f"{where}: listens on {listen!r} (--listen), not one of its container ports")
+    for flag in ("--listen", "--metrics"):
+        value = option(args, flag)
+        port = (value or "").rpartition(":")[2]
+        if (value or flag == "--listen") and (
+                not port.isdigit() or int(port) not in {p["containerPort"] for p in container.get("ports", [])}):
+            problems.append(f"{where}: listens on {port!r} ({flag}), not one of its container ports")
     targets = [(name, target.strip()) for name in ("gateway", "inference", "retrieval")
                for target in (option(args, f"--{name}") or "").split(",")]
     problems += _check_reached(where, targets, services, docs, headless=True)

@@ -146,6 +146,7 @@ def _drop_option(command: list, flag: str) -> None:
     (lambda s: _set_option(_job(s), "--gateway", "retrieval:50052"),
      "edge: --gateway 'retrieval:50052' names no gateway service"),
     (lambda s: _set_option(_job(s), "--listen", "0.0.0.0:8443"), "edge: listens on '8443' (--listen)"),
+    (lambda s: _set_option(_job(s), "--metrics", "0.0.0.0:9999"), "edge: listens on '9999' (--metrics)"),
     (lambda s: _set_option(_job(s), "--tls-dir", "/certs"), "its bootstrap reads certificates under /certs"),
     (lambda s: _set_option(s["edge"]["command"], "-c", "/data/other.json"),
      "edge: runs '/data/other.json', which no 'edge-config --out' job writes"),

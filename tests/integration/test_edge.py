@@ -360,7 +360,7 @@ async def test_the_compose_edges_entrypoint_drains_envoy_on_sigterm(tmp_path, ga
     for option, value in (("--tls-dir", pki.root), ("--listen", f"127.0.0.1:{port}"),
                           ("--gateway", f"127.0.0.1:{gateway.port}"), ("--inference", f"127.0.0.1:{inference.port}"),
                           ("--retrieval", f"127.0.0.1:{retrieval.port}"), ("--admin", f"127.0.0.1:{admin}"),
-                          ("--out", tmp_path / "envoy.json")):
+                          ("--metrics", f"127.0.0.1:{free_port()}"), ("--out", tmp_path / "envoy.json")):
         job[job.index(option) + 1] = str(value)
     assert main(job) == 0
     envoy_args = [str(a) for a in services["edge"]["command"]]
@@ -407,5 +407,46 @@ async def test_the_edge_holds_its_client_connections_to_its_bound(tmp_path, pki)
                 break
             await asyncio.sleep(0.05)
         assert await asyncio.to_thread(served_serial, port, pki.identity("tenant/dev")) is not None
+    finally:
+        await asyncio.to_thread(edge.stop)
+
+
+async def test_the_edges_metrics_port_serves_its_prometheus_stats_and_nothing_else(tmp_path, gateway, inference,
+                                                                                   retrieval, docs, pki):
+    """--metrics: Envoy's counters for a scraper (the calls it forwarded, its retries, its health checks), and not
+    the admin interface behind them, which can stop Envoy."""
+    import urllib.error
+    import urllib.request
+
+    from agentgw.edge_process import EdgeProcess
+    from tests.support.servers import free_port
+
+    port, admin, metrics = free_port(), free_port(), free_port()
+    edge = EdgeProcess(tmp_path / "edge", pki.root, listen=f"127.0.0.1:{port}", gateway=f"127.0.0.1:{gateway.port}",
+                       inference=[f"127.0.0.1:{inference.port}"], retrieval=f"127.0.0.1:{retrieval.port}",
+                       admin=f"127.0.0.1:{admin}", metrics=f"127.0.0.1:{metrics}")
+
+    def fetch(path: str, method: str = "GET") -> tuple[int, str]:
+        request = urllib.request.Request(f"http://127.0.0.1:{metrics}{path}", method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as error:
+            return error.code, ""
+
+    try:
+        await asyncio.to_thread(edge.wait_answering, 30)
+        for _ in range(3):
+            await _raw_retrieve(port, pki, "tenant/dev", _retrieve())
+        status, text = await asyncio.to_thread(fetch, "/metrics")
+        assert status == 200
+        retrieved = [line for line in text.splitlines()
+                     if line.startswith("envoy_cluster_upstream_rq_total{") and 'envoy_cluster_name="retrieval"' in line]
+        assert retrieved and float(retrieved[0].rsplit(" ", 1)[1]) >= 3, retrieved
+        assert "envoy_cluster_health_check_success" in text  # the health checks are there to watch
+        for path, method in (("/quitquitquit", "POST"), ("/drain_listeners", "POST"), ("/config_dump", "GET"),
+                             ("/stats/prometheus", "GET")):
+            assert (await asyncio.to_thread(fetch, path, method))[0] == 404, path
+        assert edge.process.poll() is None
     finally:
         await asyncio.to_thread(edge.stop)

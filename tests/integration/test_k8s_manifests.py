@@ -169,6 +169,7 @@ def test_the_edge_init_containers_arguments_make_a_bootstrap_envoy_accepts(with_
     (lambda d: _set(_edge_job_args(d), "--retrieval", "agw-qdrant.agw.svc.cluster.local:6334"),
      "names no Service selecting the retrieval pods"),
     (lambda d: _set(_edge_job_args(d), "--listen", "0.0.0.0:8443"), "listens on '8443' (--listen)"),
+    (lambda d: _set(_edge_job_args(d), "--metrics", "0.0.0.0:9999"), "listens on '9999' (--metrics)"),
     (lambda d: _set(_edge_job_args(d), "--out", "/tmp/envoy.json"), "writes '/tmp/envoy.json'"),
     (lambda d: _edge_pod(d)["containers"][0]["volumeMounts"][1].update(mountPath="/config"),
      "mount its volume at the same path"),

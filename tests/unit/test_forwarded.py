@@ -127,3 +127,9 @@ def test_the_edge_sends_calls_to_healthy_backends_only(tmp_path):
     no_checks = edge_config(tmp_path, tmp_path / "envoy.json", listen="0.0.0.0:50051", gateway="g:1",
                             inference=["i:2"], retrieval="r:3", health_check_s=0).bootstrap
     assert all("health_checks" not in c and "outlier_detection" in c for c in no_checks["static_resources"]["clusters"])
+
+
+def test_the_edges_metrics_need_its_admin_interface(tmp_path):
+    with pytest.raises(ValueError, match="--metrics needs --admin"):
+        edge_config(tmp_path, tmp_path / "envoy.json", listen="0.0.0.0:50051", gateway="g:1", inference=["i:2"],
+                    retrieval="r:3", metrics="0.0.0.0:9467")
