@@ -140,15 +140,24 @@ async def test_watch_load_pushes_the_load_at_once_and_when_it_changes(second_rep
         first = await asyncio.wait_for(watch.read(), 2)
         assert (first.running_requests, first.waiting_requests, first.replica) == (0, 0, "replica-2")
         assert first.max_running_requests == 4  # the test engine's batch limit (max_num_seqs)
+        # Long enough to span many of the watch's 100 ms intervals whatever the machine's speed: the load is
+        # sampled once per interval, so a request that starts and ends within one is never seen (64 tokens did,
+        # on a fast CPU, in two CI runs). It is cancelled once seen.
         generation = stub.Generate(inference_pb2.GenerateRequest(prompt="count", sampling=inference_pb2.SamplingParams(
-            max_tokens=64, ignore_eos=True)), timeout=60)
-        # Bounds on waiting, not on speed: on 2 shared cores a second, idle engine has been seen to wake late
-        # (docs/benchmarks.md), and one CI run waited more than 5 s here for the engine to take the request.
-        busy = await asyncio.wait_for(watch.read(), 20)
+            max_tokens=2048, ignore_eos=True)), timeout=60)
+        busy = await asyncio.wait_for(watch.read(), 20)  # a bound on waiting, not on speed
         assert busy.running_requests + busy.waiting_requests == 1
-        [m async for m in generation]
-        idle = await asyncio.wait_for(watch.read(), 20)
-        assert (idle.running_requests, idle.waiting_requests) == (0, 0)
+        generation.cancel()
+
+        async def until_idle() -> inference_pb2.WatchLoadResponse:
+            """The first push with nothing running or waiting (pushes while it ran, its KV cache growing, come first)."""
+            while True:
+                message = await watch.read()
+                if (message.running_requests, message.waiting_requests) == (0, 0):
+                    return message
+
+        idle = await asyncio.wait_for(until_idle(), 20)
+        assert idle.replica == "replica-2"
         watch.cancel()
 
 
