@@ -407,13 +407,22 @@ def _check_edge_identity(edge: str, spec: dict, services: dict, command: list[st
     return []
 
 
-def _check_edge_routes(edge: str, spec: dict, command: list[str], served: dict, listening: dict) -> list[str]:
-    problems = []
+def unexposed_listeners(arguments: list, exposed: set[int]) -> list[tuple[str, str]]:
+    """(flag, port) of each listener an ``edge-config`` command gives the edge (``--listen``, and ``--metrics`` if
+    set) whose port is not among ``exposed``."""
+    missing = []
     for flag in ("--listen", "--metrics"):
-        value = option(command, flag)
+        value = option(arguments, flag)
         port = (value or "").rpartition(":")[2]
-        if (value or flag == "--listen") and (not port.isdigit() or int(port) not in _container_ports(spec)):
-            problems.append(f"{edge}: listens on {port!r} ({flag}) but exposes {sorted(_container_ports(spec))}")
+        if (value or flag == "--listen") and (not port.isdigit() or int(port) not in exposed):
+            missing.append((flag, port))
+    return missing
+
+
+def _check_edge_routes(edge: str, spec: dict, command: list[str], served: dict, listening: dict) -> list[str]:
+    exposed = _container_ports(spec)
+    problems = [f"{edge}: listens on {port!r} ({flag}) but exposes {sorted(exposed)}"
+                for flag, port in unexposed_listeners(command, exposed)]
     for flag, service in (("--gateway", "gateway"), ("--inference", "inference"), ("--retrieval", "retrieval")):
         for target in (option(command, flag) or "").split(","):
             host, _, port = target.strip().rpartition(":")

@@ -27,6 +27,7 @@ from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from agent.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from agentgw.checks import Check, Status
 from agentgw.connection import Connection
+from agentgw.edge import PASSTHROUGH_ROUTES
 from agentgw.host_hazards import cpu_frequencies, cpu_frequency_check, memory_high_events, memory_pressure_check
 from gateway.settings import CPUS_PER_WORKER, default_workers
 from servicekit.identity import Identity, IdentityFiles
@@ -98,8 +99,8 @@ async def inference_checks(connection: Connection) -> list[Check]:
 
 # -- the public API ------------------------------------------------------------
 
-#: The public methods an edge sends straight to a backend, and the backend's settings prefix.
-PASSTHROUGH_BACKENDS = {"Generate": "inference", "Retrieve": "retrieval"}
+#: The public methods an edge sends straight to a backend, by name, and that backend (its settings' prefix).
+PASSTHROUGH_BACKENDS = {path.rsplit("/", 1)[1]: backend for path, backend in PASSTHROUGH_ROUTES.items()}
 
 
 def _ping_generate() -> gateway_pb2.GenerateRequest:

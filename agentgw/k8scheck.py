@@ -39,7 +39,8 @@ from pathlib import Path
 import yaml
 
 from agentgw.composecheck import (EDGE_CONFIG_COMMAND, EDGE_IMAGE, SETTINGS, _pinned, _settings_class,
-                                  drain_problems, option, unbelieved_edge)
+                                  drain_problems, option, unbelieved_edge,
+                                  unexposed_listeners)
 from servicekit.identity import DEFAULT_TRUST_DOMAIN
 from servicekit.settings import environment_names
 
@@ -296,12 +297,8 @@ def _check_edge(where, doc, container, services, docs, certificates) -> list[str
         problems.append(f"{where}: runs {config!r}, but {job['name']} writes {out!r}: mount its volume at the same path "
                         "(the bootstrap names its secret files by their paths there)")
     problems += _check_identity(where, doc, container, "edge", certificates, tls_dir=option(args, "--tls-dir"))
-    for flag in ("--listen", "--metrics"):
-        value = option(args, flag)
-        port = (value or "").rpartition(":")[2]
-        if (value or flag == "--listen") and (
-                not port.isdigit() or int(port) not in {p["containerPort"] for p in container.get("ports", [])}):
-            problems.append(f"{where}: listens on {port!r} ({flag}), not one of its container ports")
+    problems += [f"{where}: listens on {port!r} ({flag}), not one of its container ports" for flag, port in
+                 unexposed_listeners(args, {p["containerPort"] for p in container.get("ports", [])})]
     targets = [(name, target.strip()) for name in ("gateway", "inference", "retrieval")
                for target in (option(args, f"--{name}") or "").split(",")]
     problems += _check_reached(where, targets, services, docs, headless=True)
