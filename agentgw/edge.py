@@ -23,13 +23,13 @@ docs/architecture.md, "The edge":
   connections to ``--max-connections`` and gives each 10 s to finish its
   handshake and to send a request's headers.
 
-What the edge does not do as the gateway does: per-tenant admission and
-cache-affine replica routing for the passthrough methods. Envoy spreads
-``Generate`` over the replicas by least requests, and the inference
-service's own queue bound (``AGW_INFERENCE_MAX_WAITING``) refuses with
-``RESOURCE_EXHAUSTED``. Chat, which carries the sessions, keeps both. Like
-the gateway, the edge retries a ``Generate`` that failed before its first
-message, once, on another replica.
+What the edge does not do as the gateway does: cache-affine replica routing
+for the passthrough methods. Envoy spreads ``Generate`` over the replicas by
+least requests. Chat, which carries the sessions, keeps it. Admission is not
+lost: the backends admit the calls the edge sends them, per tenant, with the
+gateway's settings (``servicekit.public_methods``). Like the gateway, the
+edge retries a ``Generate`` that failed before its first message, once, on
+another replica.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ from harness import dev_pki, print_table, scratch_dir, write_json
 
 from agent.gateway.v1 import gateway_pb2 as pb
 from agent.retrieval.v1 import retrieval_pb2
-from gateway.admission import Admission
+from servicekit.admission import Admission
 from gateway.backends import Deadlines
 from servicekit.bounds import Bounds
 from gateway.service import GatewayApp, GatewayServicer, _RESPONSE_FIELD

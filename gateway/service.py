@@ -31,7 +31,7 @@ from servicekit.procfs import available_cpus, open_fds
 from servicekit.server import Health
 from servicekit.tenancy import DEV_IDENTITY, cache_salt_for, current_tenant, physical_collection, scoped_search
 
-from gateway.admission import Admission
+from servicekit.admission import Admission
 from gateway.backends import Backends, open_backends
 from gateway.replicas import Replica
 from gateway.routing import Reason, generate_key
@@ -104,23 +104,11 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
         decision that takes microseconds and whose refusal is the server
         span's status anyway.
         """
-        attributes = {
-            "agw.admission.in_flight": self.admission.in_flight,
-            "agw.admission.max_in_flight": self.admission.max_in_flight,
-            "agw.admission.tenant_in_flight": self.admission.tenants.get(tenant, 0),
-            "agw.admission.tenant_bound": self.admission.tenant_bound(tenant),
-        }
         if stage:
-            with tracer.start_as_current_span("admission", attributes=attributes):
+            with tracer.start_as_current_span("admission", attributes=self.admission.attributes(tenant)):
                 slot.enter_context(self.admission.admit(tenant))
             return
-        span = trace.get_current_span()
-        span.set_attributes(attributes)
-        try:
-            slot.enter_context(self.admission.admit(tenant))
-        except ServiceError as refusal:
-            span.add_event("agw.admission.refused", {"agw.admission.reason": refusal.message})
-            raise
+        slot.enter_context(self.admission.admit(tenant, trace.get_current_span()))
 
     async def Generate(self, request, context):
         """A passthrough: the inference service's messages go out as the bytes it sent (servicekit.passthrough).
@@ -343,8 +331,7 @@ class GatewayApp:
             log.warning("AGW_INSECURE_DEV=1: the gateway serves PLAINTEXT with NO client authentication.")
             log.warning("Every caller is tenant 'dev'. Never use this outside a development machine.")
             log.warning("!" * 72)
-        self.admission = Admission(settings.max_in_flight, per_tenant=settings.max_in_flight_per_tenant,
-                                   weights=settings.tenant_weight_map)
+        self.admission = settings.admission("this gateway process")
         self.servicer = GatewayServicer(settings, self.admission)
 
     def register(self, server) -> None:

@@ -96,13 +96,6 @@ class GatewaySettings(ServiceSettings, PublicApiSettings):
         "so a frozen or partitioned backend costs seconds, not a deadline. 0: off (keepalive alone).")
     backend_probe_timeout_s: float = Field(2.0, gt=0, description="How long a liveness probe waits for its answer.")
     deadline_margin_ms: float = Field(20.0, ge=0, description="Taken off the caller's deadline for backend calls.")
-    max_in_flight: int = Field(64, gt=0, description="Streams in flight per process before RESOURCE_EXHAUSTED.")
-    max_in_flight_per_tenant: int | None = Field(
-        None, ge=0, description="Streams one tenant may hold per process (times its weight) before RESOURCE_EXHAUSTED; "
-        "default half of max_in_flight; 0: no per-tenant bound.")
-    tenant_weights: str = Field(
-        "", description="Per-tenant weights for the bound above, as name=weight pairs (acme=4,beta=1); "
-        "unlisted tenants weigh 1.")
     max_inference_waiting: int = Field(
         0, ge=0, description="Route no call to a replica whose queue holds this many, and refuse (RESOURCE_EXHAUSTED) "
         "when every replica's does (0: do not look).")
@@ -201,27 +194,6 @@ class GatewaySettings(ServiceSettings, PublicApiSettings):
             raise ValueError(f"AGW_INSECURE_DEV serves plaintext to anyone who can reach the port, as tenant dev: "
                              f"it is refused unless AGW_GATEWAY_HOST is loopback (got {self.host!r})")
         return self
-
-    @model_validator(mode="after")
-    def _derive_tenant_bound(self) -> GatewaySettings:
-        if self.max_in_flight_per_tenant is None:
-            object.__setattr__(self, "max_in_flight_per_tenant", max(1, self.max_in_flight // 2))
-        self.tenant_weight_map  # parse now: a bad value fails at start, naming the variable
-        return self
-
-    @property
-    def tenant_weight_map(self) -> dict[str, float]:
-        weights = {}
-        for pair in filter(None, (p.strip() for p in self.tenant_weights.split(","))):
-            name, sep, value = pair.partition("=")
-            try:
-                weight = float(value)
-            except ValueError:
-                weight = -1.0
-            if not sep or not name.strip() or not weight > 0:
-                raise ValueError(f"AGW_GATEWAY_TENANT_WEIGHTS: {pair!r} is not tenant=weight with a weight above 0")
-            weights[name.strip()] = weight
-        return weights
 
     @model_validator(mode="after")
     def _check_history_window(self) -> GatewaySettings:

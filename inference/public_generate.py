@@ -3,8 +3,9 @@
 With an edge proxy on the public port (docs/architecture.md, "The edge"), a
 tenant's ``Generate`` goes from the edge straight here, as frames, with no
 Python hop between. What the gateway's passthrough does to the request is done
-here instead, once per call: the public API's bounds, then the tenant's own
-prefix-cache partition. The responses are this service's own messages behind
+here instead, once per call: the public API's bounds, the tenant's own
+prefix-cache partition, then admission (per process and per tenant, as the
+gateway's). The responses are this service's own messages behind
 the public response's one field, so the client reads the same bytes as through
 the gateway. The tenant is the one whose certificate the edge verified
 (``servicekit.authz``): no tenant certificate reaches this service directly.
@@ -21,11 +22,19 @@ class PublicGenerate(PublicPassthrough):
     """``AgentGateway.Generate`` on top of the inference servicer's own ``Generate``."""
 
     method = "Generate"
+    service = "inference"
 
     def Generate(self, request: gateway_pb2.GenerateRequest, context):
-        """Checked and scoped, then the servicer's own stream, returned (not re-yielded: no generator hop)."""
+        """Checked, scoped and admitted, then the servicer's own stream, returned (not re-yielded: no generator hop).
+
+        The admission slot is held until the call ends, however it ends
+        (finished, failed, cancelled): gRPC's done callback frees it, so the
+        stream needs no wrapper of its own.
+        """
         tenant = current_tenant()
         self.bounds.generate(request)
         inner = request.request
         inner.cache_salt = cache_salt_for(self.api.prefix_cache, tenant, inner.cache_salt)
+        release = self.admit(tenant)
+        context.add_done_callback(lambda _context: release())
         return self.servicer.Generate(inner, context)

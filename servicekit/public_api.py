@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
+
+from servicekit.admission import Admission
 
 #: Where the public API's settings are read from, whatever the reading service's own prefix.
 PUBLIC_PREFIX = "AGW_GATEWAY_"
@@ -76,3 +78,37 @@ class PublicApiSettings(BaseModel):
     prefix_cache: Literal["tenant", "shared"] = public_field(
         "prefix_cache", "tenant", description="tenant: each tenant's prompts reuse only its own cached prefixes "
         "(no cross-tenant timing signal); shared: all tenants share one prefix cache (a single-tenant deployment).")
+    max_in_flight: int = public_field(
+        "max_in_flight", 64, gt=0, description="Public calls in flight per process before RESOURCE_EXHAUSTED.")
+    max_in_flight_per_tenant: int | None = public_field(
+        "max_in_flight_per_tenant", None, ge=0, description="Public calls one tenant may hold per process (times its "
+        "weight) before RESOURCE_EXHAUSTED; default half of max_in_flight; 0: no per-tenant bound.")
+    tenant_weights: str = public_field(
+        "tenant_weights", "", description="Per-tenant weights for the bound above, as name=weight pairs "
+        "(acme=4,beta=1); unlisted tenants weigh 1.")
+
+    @model_validator(mode="after")
+    def _derive_tenant_bound(self) -> PublicApiSettings:
+        if self.max_in_flight_per_tenant is None:
+            object.__setattr__(self, "max_in_flight_per_tenant", max(1, self.max_in_flight // 2))
+        self.tenant_weight_map  # parse now: a bad value fails at start, naming the variable
+        return self
+
+    @property
+    def tenant_weight_map(self) -> dict[str, float]:
+        weights = {}
+        for pair in filter(None, (p.strip() for p in self.tenant_weights.split(","))):
+            name, sep, value = pair.partition("=")
+            try:
+                weight = float(value)
+            except ValueError:
+                weight = -1.0
+            if not sep or not name.strip() or not weight > 0:
+                raise ValueError(f"{PUBLIC_PREFIX}TENANT_WEIGHTS: {pair!r} is not tenant=weight with a weight above 0")
+            weights[name.strip()] = weight
+        return weights
+
+    def admission(self, holder: str) -> Admission:
+        """The public calls' admission in this process (``holder`` names it in refusals: "this gateway process")."""
+        return Admission(self.max_in_flight, per_tenant=self.max_in_flight_per_tenant or 0,
+                         weights=self.tenant_weight_map, holder=holder)

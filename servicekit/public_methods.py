@@ -3,14 +3,20 @@
 Behind an edge (docs/architecture.md, "The edge"), ``Generate`` and
 ``Retrieve`` of the public ``AgentGateway`` contract are served by the
 backends themselves. Each such method checks the public API's bounds and
-scopes to the tenant the edge verified, then calls the backend's own handler;
-its answer goes out as the backend's message behind the public response's
-one field (``servicekit.passthrough.add_public_passthroughs``).
+scopes to the tenant the edge verified, takes an admission slot (the
+gateway's ``AGW_GATEWAY_MAX_IN_FLIGHT*`` bounds, per process and per tenant:
+these calls never pass a gateway, so its admission cannot hold a tenant's
+flood back), then calls the backend's own handler; its answer goes out as
+the backend's message behind the public response's one field
+(``servicekit.passthrough.add_public_passthroughs``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+from opentelemetry import trace
 
 from agent.gateway.v1 import gateway_pb2
 from servicekit.bounds import Bounds
@@ -30,11 +36,18 @@ class PublicPassthrough:
 
     #: The public method this serves, by name ("Generate").
     method: str = ""
+    #: The service serving it, as refusals name it ("inference").
+    service: str = ""
 
     def __init__(self, api: PublicApiSettings, servicer: Any) -> None:
         self.api = api
         self.bounds = Bounds(api)
         self.servicer = servicer
+        self.admission = api.admission(f"this {self.service} service process")
+
+    def admit(self, tenant: str) -> Callable[[], None]:
+        """A slot for this call, recorded on its span, or ResourceExhausted now; returns the slot's release."""
+        return self.admission.acquire(tenant, trace.get_current_span())
 
     @property
     def path(self) -> str:

@@ -56,10 +56,12 @@ def inference_service(tmp_path_factory, pki, otlp):
 
     from tests.support.servers import free_port
 
-    # With the edge's identity allowed, it also serves the public Generate to the edge (tests/e2e/test_edge_generate.py).
+    # With the edge's identity allowed, it also serves the public Generate to the edge (tests/e2e/test_edge_generate.py),
+    # admitting up to 6 such calls of tenant dev at once (what the test engine takes) and 1 of tenant other.
     service = start_inference_service(tmp_path_factory.mktemp("inference"), pki.root, **otlp.environment(),
                                       AGW_INFERENCE_METRICS_PORT=str(free_port()),
-                                      AGW_INFERENCE_EDGE_CLIENTS="service/edge")
+                                      AGW_INFERENCE_EDGE_CLIENTS="service/edge",
+                                      AGW_GATEWAY_MAX_IN_FLIGHT_PER_TENANT="6", AGW_GATEWAY_TENANT_WEIGHTS="other=0.1")
     yield service
     service.process.stop()
 

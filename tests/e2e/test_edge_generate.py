@@ -97,6 +97,38 @@ async def test_the_public_bounds_hold_on_the_edges_generate(stack, pki):
     assert "request.prompt" in caught.value.details() and "AGW_GATEWAY_MAX_MESSAGE_CHARS" in caught.value.details()
 
 
+async def test_one_tenants_flood_through_the_edge_is_refused_while_another_is_answered(stack, pki):
+    """The edge sends Generate straight to the inference service, past the gateway's admission: the inference
+    service admits the public calls itself, per tenant (tests/conftest.py: tenant other may hold one). While other's
+    first stream runs, its second is refused with the setting named, dev's is answered, and once the first stream is
+    cancelled its slot is free again (released when the call ends, whatever ends it)."""
+    import asyncio
+
+    edge, _ = stack
+    long = pb.GenerateRequest(request=inference_pb2.GenerateRequest(
+        prompt="Hold a slot.", sampling=inference_pb2.SamplingParams(max_tokens=2048, temperature=0, ignore_eos=True)))
+    async with mtls_channel(edge, pki.root, identity="tenant/other") as channel:
+        held = raw_multicallable(channel, GENERATE)(long, timeout=120)
+        await held.read()  # its first message: the slot is held
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await _stream(edge, pki, "tenant/other", GENERATE, _RETRY_ME)
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert ("tenant other has 1 calls in flight, its share of this inference service process "
+                "(AGW_GATEWAY_MAX_IN_FLIGHT_PER_TENANT=6 x weight 0.1); retry shortly") in caught.value.details()
+        assert _all_answered([await _stream(edge, pki, "tenant/dev", GENERATE, _RETRY_ME)])
+        held.cancel()
+    for _ in range(50):  # the cancel reaches the service through the edge; then the call ends and frees its slot
+        try:
+            answered = await _stream(edge, pki, "tenant/other", GENERATE, _RETRY_ME)
+            break
+        except grpc.aio.AioRpcError as error:
+            assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
+            await asyncio.sleep(0.1)
+    else:
+        raise AssertionError("tenant other's slot was not freed within 5 s of its stream's cancel")
+    assert _all_answered([answered])
+
+
 def _all_answered(streams: list[list[bytes]]) -> bool:
     return all(inference_pb2.GenerateResponse.FromString(unwrap(1, s[-1])).result.usage.completion_tokens == 2
                for s in streams)

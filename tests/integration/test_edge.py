@@ -44,10 +44,17 @@ def denylist(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-async def retrieval(tmp_path_factory, pki, denylist):
+async def retrieval_service(tmp_path_factory, pki, denylist):
+    """(RunningService, RetrievalApp). A tenant may hold one public call at a time here (no test but the
+    admission one calls a backend's public method concurrently)."""
     async with retrieval_server(tmp_path_factory.mktemp("edge-retrieval"), pki.root, denied_clients_file=denylist,
-                                tls_reload_s=0.05, max_hnsw_ef=64, **EDGE) as (running, _):
-        yield running
+                                tls_reload_s=0.05, max_hnsw_ef=64, max_in_flight_per_tenant=1, **EDGE) as service:
+        yield service
+
+
+@pytest.fixture(scope="module")
+def retrieval(retrieval_service):
+    return retrieval_service[0]
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +174,31 @@ async def test_a_forwarded_tenant_may_not_call_the_backends_own_methods(retrieva
                              metadata=_xfcc(pki, "tenant/dev"), method=search)
     assert refused.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "tenant/dev may not call /agent.retrieval.v1.Retrieval/Search" in refused.details()
+
+
+async def test_a_tenant_past_its_share_of_a_backends_public_calls_is_refused(retrieval_service, docs, pki):
+    """Calls the edge forwards never pass the gateway's admission: the backend's public method admits them itself,
+    with the gateway's settings (AGW_GATEWAY_MAX_IN_FLIGHT_PER_TENANT, 1 here). 32 Retrieves at once, as the edge
+    would forward them for tenant dev: those that find dev's slot held are refused with the setting named; every
+    slot is free again once they end."""
+    retrieval, app = retrieval_service
+
+    async def one() -> grpc.StatusCode:
+        try:
+            await _raw_retrieve(retrieval.port, pki, "service/edge", _retrieve(), metadata=_xfcc(pki, "tenant/dev"))
+            return grpc.StatusCode.OK
+        except grpc.aio.AioRpcError as error:
+            assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error.details()
+            assert ("tenant dev has 1 calls in flight, its share of this retrieval service process "
+                    "(AGW_GATEWAY_MAX_IN_FLIGHT_PER_TENANT=1 x weight 1); retry shortly") in error.details()
+            return error.code()
+
+    codes = await asyncio.gather(*(one() for _ in range(32)))
+    assert grpc.StatusCode.OK in codes and grpc.StatusCode.RESOURCE_EXHAUSTED in codes
+    admission = app.public.admission
+    assert (admission.in_flight, admission.tenants) == (0, {})
+    assert admission.rejected == codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED)
+    assert await one() == grpc.StatusCode.OK  # and the next call is admitted
 
 
 async def test_an_operator_through_the_edge_gets_stats_but_no_tenants_documents(edge, docs, pki):

@@ -40,6 +40,6 @@ async def test_a_flooding_tenant_is_refused_and_another_is_admitted(tmp_path, pk
             results = await asyncio.gather(*flood)
     refused = [error for _, error in results if error is not None]
     assert len(refused) == 2 and all(e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for e in refused)
-    assert "tenant dev has 2 streams in flight" in refused[0].details()
+    assert "tenant dev has 2 calls in flight" in refused[0].details()
     assert retry_delay_s(refused[0]) == pytest.approx(0.05)
     assert all(final is not None and error is None for final, error in others)

@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from agent.inference.v1 import inference_pb2
-from gateway.admission import Admission
+from servicekit.admission import Admission
 from gateway.backends import Deadlines, StartedStream
 from servicekit.tenancy import cache_salt_for, physical_collection, tenant_cache_salt, tenant_collection
 from servicekit.channels import ChannelSpec
@@ -87,13 +87,44 @@ def test_a_tenant_past_its_share_is_refused_while_others_are_admitted():
         with pytest.raises(ResourceExhausted) as caught:
             with admission.admit("beta"):
                 pass
-        assert "tenant beta has 2 streams in flight" in caught.value.message
+        assert "tenant beta has 2 calls in flight" in caught.value.message
         assert "AGW_GATEWAY_MAX_IN_FLIGHT_PER_TENANT=2 x weight 1" in caught.value.message
         assert caught.value.retry_after_s == 0.1
         with admission.admit("acme"), admission.admit("acme"), admission.admit("acme"):  # weight 2: four slots
             assert admission.tenants == {"beta": 2, "acme": 3}
     assert admission.tenants == {} and admission.in_flight == 0
     assert (admission.admitted, admission.rejected) == (5, 1)
+
+
+class _Span:
+    def __init__(self):
+        self.attributes, self.events = {}, []
+
+    def set_attributes(self, attributes):
+        self.attributes.update(attributes)
+
+    def add_event(self, name, attributes):
+        self.events.append((name, attributes))
+
+
+def test_a_slot_taken_without_a_block_is_freed_once_and_recorded_on_the_span():
+    """acquire/release: for a stream handed to gRPC as it is (a backend's public Generate frees it when the call
+    ends); a second release must not free another call's slot."""
+    admission = Admission(max_in_flight=4, per_tenant=1, holder="this retrieval service process")
+    span = _Span()
+    release = admission.acquire("acme", span)
+    assert span.attributes == {"agw.admission.in_flight": 0, "agw.admission.max_in_flight": 4,
+                               "agw.admission.tenant_in_flight": 0, "agw.admission.tenant_bound": 1}
+    with pytest.raises(ResourceExhausted) as caught:
+        admission.acquire("acme", span)
+    assert "its share of this retrieval service process" in caught.value.message
+    assert span.events == [("agw.admission.refused", {"agw.admission.reason": caught.value.message})]
+    with admission.admit("beta"):
+        release()
+        release()
+        assert (admission.in_flight, admission.tenants) == (1, {"beta": 1})
+    assert (admission.in_flight, admission.tenants) == (0, {})
+    admission.acquire("acme")()  # free again
 
 
 def test_tenant_weights_are_parsed_and_checked():
