@@ -46,8 +46,8 @@ import time
 from contextlib import AsyncExitStack
 from pathlib import Path
 
-from harness import (backend_processes, command_line, dev_pki, gateway_process, print_table, scratch_dir, summary,
-                     write_json)
+from harness import (UNBOUNDED_ADMISSION, backend_processes, command_line, dev_pki, gateway_process, print_table,
+                     scratch_dir, summary, write_json)
 
 from agent.gateway.v1 import gateway_pb2 as pb
 from agent.gateway.v1 import gateway_pb2_grpc
@@ -365,8 +365,10 @@ def main() -> int:
     root = scratch_dir("chat")
     tls = dev_pki(root, tenants=("dev", OFF_TENANT) if args.side_by_side else ("dev",))
     backend_env = {"AGW_INFERENCE_NICE": str(args.backend_nice), "AGW_RETRIEVAL_NICE": str(args.backend_nice)}
-    if args.edge:  # the bench's own Retrieve calls (the direct path's context) go straight to retrieval
-        backend_env.update(AGW_INFERENCE_EDGE_CLIENTS="service/edge", AGW_RETRIEVAL_EDGE_CLIENTS="service/edge")
+    if args.edge:  # the bench's own Retrieve calls (the direct path's context) go straight to retrieval, whose
+        # admission of them must not refuse what the gateway's admits (64 turns at once build 64 direct prompts)
+        backend_env.update(AGW_INFERENCE_EDGE_CLIENTS="service/edge", AGW_RETRIEVAL_EDGE_CLIENTS="service/edge",
+                           **UNBOUNDED_ADMISSION)
     with backend_processes(root, tls, **backend_env) as (ports, started):
         variants = {"gateway": {}}
         if args.side_by_side:

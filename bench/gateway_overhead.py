@@ -55,6 +55,7 @@ from pathlib import Path
 
 from harness import (
     BACKEND_KV_CACHE_GIB,
+    UNBOUNDED_ADMISSION,
     backend_processes,
     command_line,
     dev_pki,
@@ -373,8 +374,9 @@ def main() -> int:
     tls = dev_pki(root)
     rows, idle = [], {}
     backend_env = {} if args.stream_interval is None else {"AGW_INFERENCE_STREAM_INTERVAL": str(args.stream_interval)}
-    if args.edge:  # the backends serve the public methods to the edge's identity
-        backend_env.update(AGW_INFERENCE_EDGE_CLIENTS="service/edge", AGW_RETRIEVAL_EDGE_CLIENTS="service/edge")
+    if args.edge:  # the backends serve the public methods to the edge's identity, admitting as much as the gateway
+        backend_env.update(AGW_INFERENCE_EDGE_CLIENTS="service/edge", AGW_RETRIEVAL_EDGE_CLIENTS="service/edge",
+                           **UNBOUNDED_ADMISSION)
     with backend_processes(root, tls, **backend_env) as (ports, started):
         inference_pid, retrieval_pid = started[0].pid, started[1].pid
         envoy, ports["envoy"] = start_envoy(root, tls, ports["retrieval"], ports["inference"])
@@ -388,8 +390,7 @@ def main() -> int:
             for workers in args.workers:
                 gateway_port = free_port()  # fixed: the workers share it
                 gateway = gateway_process(root, tls, f"gateway-{workers}", ports, AGW_GATEWAY_WORKERS=str(workers),
-                                          AGW_GATEWAY_PORT=str(gateway_port), AGW_GATEWAY_MAX_IN_FLIGHT="1024",
-                                          AGW_GATEWAY_MAX_IN_FLIGHT_PER_TENANT="1024")
+                                          AGW_GATEWAY_PORT=str(gateway_port), **UNBOUNDED_ADMISSION)
                 edge = None
                 try:
                     gateway.wait_serving()

@@ -107,6 +107,10 @@ def retrieval_process(root: Path, tls_dir: Path, name: str, **env: str):
     return _service_process("retrieval.main", "AGW_RETRIEVAL_", root, tls_dir, name, env)
 
 
+#: Admission past anything a bench sends (c=64, one tenant), in every process that admits public calls: the
+#: gateway, and behind the edge the backends (servicekit.admission). Refusals would be measured as latency.
+UNBOUNDED_ADMISSION = {"AGW_GATEWAY_MAX_IN_FLIGHT": "1024", "AGW_GATEWAY_MAX_IN_FLIGHT_PER_TENANT": "1024"}
+
 #: The KV cache of the inference service that ``backend_processes`` starts (and of peers' engines measured next to it).
 BACKEND_KV_CACHE_GIB = 2.0
 
