@@ -23,13 +23,18 @@ docs/architecture.md, "The edge":
   connections to ``--max-connections`` and gives each 10 s to finish its
   handshake and to send a request's headers.
 
-What the edge does not do as the gateway does: cache-affine replica routing
-for the passthrough methods. Envoy spreads ``Generate`` over the replicas by
-least requests. Chat, which carries the sessions, keeps it. Admission is not
-lost: the backends admit the calls the edge sends them, per tenant, with the
-gateway's settings (``servicekit.public_methods``). Like the gateway, the
-edge retries a ``Generate`` that failed before its first message, once, on
-another replica.
+- ``Generate`` is cache-affine (``--inference-routing affinity``, the
+  default): Envoy cannot read the prompt, which the gateway hashes, so it
+  hashes what identifies the caller's cache: the tenant's verified
+  certificate, and the client's ``x-agw-affinity`` header (a session or
+  conversation id) where it sends one. Maglev with bounded load: a key stays
+  on its replica until that replica holds ``--affinity-balance`` percent of
+  the replicas' average calls in flight, then spills to the key's next
+  replica. ``least_request`` spreads calls by load alone.
+- Admission: the backends admit the calls the edge sends them, per tenant,
+  with the gateway's settings (``servicekit.public_methods``). Like the
+  gateway, the edge retries a ``Generate`` that failed before its first
+  message, once, on another replica.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from pathlib import Path
 
 from agent.gateway.v1 import gateway_pb2
 from servicekit.identity import DEFAULT_TRUST_DOMAIN, Identity, IdentityFiles
+from servicekit.public_api import AFFINITY_HEADER
 
 EDGE = Identity.service("edge")
 _PUBLIC = gateway_pb2.DESCRIPTOR.services_by_name["AgentGateway"].full_name
@@ -62,6 +68,11 @@ HANDSHAKE_TIMEOUT_S = 10
 MAX_STREAMS_PER_CONNECTION = 100
 #: How often the edge checks each backend host's gRPC health, seconds.
 DEFAULT_HEALTH_CHECK_S = 2.0
+#: How the edge spreads Generate over inference replicas.
+INFERENCE_ROUTING = ("affinity", "least_request")
+#: A replica takes up to this percent of the replicas' average calls in flight before its keys spill (Envoy's
+#: hash_balance_factor). 150 keeps a key in place through a burst and still spreads one heavy tenant.
+DEFAULT_AFFINITY_BALANCE = 150
 
 
 def _host_port(target: str) -> tuple[str, int]:
@@ -153,16 +164,33 @@ def _health(health_check_s: float, max_requests: int) -> dict:
     return config
 
 
+def _balance(routing: str, affinity_balance: int) -> dict:
+    """The inference cluster's load balancing: Maglev with bounded load for ``affinity``, else least requests."""
+    if routing not in INFERENCE_ROUTING:
+        raise ValueError(f"--inference-routing must be one of {', '.join(INFERENCE_ROUTING)} (got {routing!r})")
+    if routing == "least_request":
+        return {"lb_policy": "LEAST_REQUEST"}
+    if affinity_balance < 100:
+        raise ValueError(f"--affinity-balance is a percent of the average load, at least 100 (got {affinity_balance})")
+    return {"lb_policy": "MAGLEV",
+            "common_lb_config": {"consistent_hashing_lb_config": {"hash_balance_factor": affinity_balance}}}
+
+
 def _cluster(name: str, targets: Sequence[str], files: IdentityFiles, bootstrap: Path, trust_domain: str,
-             keepalive_s: float, health: dict) -> dict:
-    """A backend over mTLS with the edge's identity; its certificate must be ``service/<name>``'s."""
+             keepalive_s: float, health: dict, balance: dict | None = None) -> dict:
+    """A backend over mTLS with the edge's identity; its certificate must be ``service/<name>``'s.
+
+    ``balance``: how its hosts share calls (default least requests); merged with ``health``'s settings.
+    """
+    balance = balance or {"lb_policy": "LEAST_REQUEST"}
+    common = {**health.get("common_lb_config", {}), **balance.get("common_lb_config", {})}
     endpoints = [_host_port(target) for target in targets]
     tls = {"common_tls_context": _tls_context(
         files, bootstrap, **_spiffe_match("exact", Identity.service(name).spiffe_id(trust_domain)))}
     if not _is_ip(endpoints[0][0]):
         tls["sni"] = endpoints[0][0]
     return {
-        "name": name, "connect_timeout": "5s", "lb_policy": "LEAST_REQUEST",
+        "name": name, "connect_timeout": "5s", "lb_policy": balance["lb_policy"],
         "type": "STATIC" if all(_is_ip(host) for host, _ in endpoints) else "STRICT_DNS",
         "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
             "@type": f"{_TYPES}.upstreams.http.v3.HttpProtocolOptions",
@@ -174,6 +202,7 @@ def _cluster(name: str, targets: Sequence[str], files: IdentityFiles, bootstrap:
         "transport_socket": {"name": "envoy.transport_sockets.tls", "typed_config": {
             "@type": f"{_TYPES}.transport_sockets.tls.v3.UpstreamTlsContext", **tls}},
         **health,
+        **({"common_lb_config": common} if common else {}),
     }
 
 
@@ -192,12 +221,18 @@ _RETRY_BEFORE_FIRST_MESSAGE = {
 }
 
 
-def _routes() -> list[dict]:
+#: What an affine Generate hashes: the certificate the edge verified (in the header it sets, per tenant client), and
+#: the client's own key where it sends one. Both, so two tenants' keys do not share a replica by name alone.
+_AFFINITY_HASH = [{"header": {"header_name": "x-forwarded-client-cert"}}, {"header": {"header_name": AFFINITY_HEADER}}]
+
+
+def _routes(inference_routing: str = "affinity") -> list[dict]:
     # timeout 0: streams live as long as they need; the client's grpc-timeout bounds each call.
     stream = {"timeout": "0s", "max_stream_duration": {"grpc_timeout_header_max": "0s"}}
+    inference = {"retry_policy": _RETRY_BEFORE_FIRST_MESSAGE,
+                 **({"hash_policy": _AFFINITY_HASH} if inference_routing == "affinity" else {})}
     routes = [{"match": {"path": path}, "route": {
-                   "cluster": cluster, **stream,
-                   **({"retry_policy": _RETRY_BEFORE_FIRST_MESSAGE} if cluster == "inference" else {})},
+                   "cluster": cluster, **stream, **(inference if cluster == "inference" else {})},
                "request_headers_to_remove": _CLIENT_TRACE_HEADERS}
               for path, cluster in PASSTHROUGH_ROUTES.items()]
     # The gateway bounds its own requests before decoding them (AGW_GATEWAY_MAX_RECEIVE_BYTES): no buffering here.
@@ -229,7 +264,7 @@ def _request_bound(max_request_bytes: int) -> tuple[dict, dict]:
     return buffer, refusal
 
 
-def _connection_manager(max_request_bytes: int) -> dict:
+def _connection_manager(max_request_bytes: int, inference_routing: str) -> dict:
     buffer, refusal = _request_bound(max_request_bytes)
     return {"name": "envoy.filters.network.http_connection_manager", "typed_config": {
         "@type": f"{_TYPES}.filters.network.http_connection_manager.v3.HttpConnectionManager",
@@ -243,7 +278,7 @@ def _connection_manager(max_request_bytes: int) -> dict:
         # A client that opens a stream and sends no headers holds nothing for long (slowloris).
         "request_headers_timeout": f"{HANDSHAKE_TIMEOUT_S}s",
         "max_request_headers_kb": 16,
-        "route_config": {"virtual_hosts": [{"name": "public", "domains": ["*"], "routes": _routes()}]},
+        "route_config": {"virtual_hosts": [{"name": "public", "domains": ["*"], "routes": _routes(inference_routing)}]},
         "local_reply_config": refusal,
         "http_filters": [buffer, {"name": "envoy.filters.http.router", "typed_config": {
             "@type": f"{_TYPES}.filters.http.router.v3.Router"}}],
@@ -318,7 +353,8 @@ def edge_config(tls_dir: Path, bootstrap_path: Path, *, listen: str, gateway: st
                 retrieval: str, trust_domain: str = DEFAULT_TRUST_DOMAIN, keepalive_s: float = 20.0,
                 max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_connections: int = DEFAULT_MAX_CONNECTIONS,
                 health_check_s: float = DEFAULT_HEALTH_CHECK_S, admin: str | None = None,
-                metrics: str | None = None) -> EdgeConfig:
+                metrics: str | None = None, inference_routing: str = "affinity",
+                affinity_balance: int = DEFAULT_AFFINITY_BALANCE) -> EdgeConfig:
     """Envoy's config for the edge: ``listen`` (host:port) public, the three services behind it.
 
     ``inference``: the replicas' host:port (several: least requests). The
@@ -331,10 +367,14 @@ def edge_config(tls_dir: Path, bootstrap_path: Path, *, listen: str, gateway: st
     that fails). ``admin``: a loopback host:port for Envoy's admin interface
     (none by default), through which a stop drains first. ``metrics``: a
     host:port serving Envoy's Prometheus stats at ``/metrics`` (and nothing
-    else; it needs ``admin``).
+    else; it needs ``admin``). ``inference_routing``: ``affinity`` (the
+    tenant's certificate and its ``x-agw-affinity`` key hashed, Maglev with
+    load bounded at ``affinity_balance`` percent of the average) or
+    ``least_request``.
     """
     tls_dir, bootstrap_path = tls_dir.absolute(), bootstrap_path.absolute()
     files = IdentityFiles.of(tls_dir, EDGE)
+    balance = _balance(inference_routing, affinity_balance)
     host, port = _host_port(listen)
     downstream = {"require_client_certificate": True, "common_tls_context": _tls_context(
         files, bootstrap_path, **_spiffe_match("prefix", f"spiffe://{trust_domain}/"))}
@@ -344,7 +384,7 @@ def edge_config(tls_dir: Path, bootstrap_path: Path, *, listen: str, gateway: st
             "name": "public",
             "address": {"socket_address": {"address": host, "port_value": port}},
             "filter_chains": [{
-                "filters": [_connection_manager(max_request_bytes)],
+                "filters": [_connection_manager(max_request_bytes, inference_routing)],
                 "transport_socket": {"name": "envoy.transport_sockets.tls", "typed_config": {
                     "@type": f"{_TYPES}.transport_sockets.tls.v3.DownstreamTlsContext", **downstream}},
                 # A connection that has not finished its handshake by then is closed.
@@ -352,7 +392,8 @@ def edge_config(tls_dir: Path, bootstrap_path: Path, *, listen: str, gateway: st
             }],
         }],
         "clusters": [_cluster(name, targets, files, bootstrap_path, trust_domain, keepalive_s,
-                              _health(health_check_s, max_connections * MAX_STREAMS_PER_CONNECTION))
+                              _health(health_check_s, max_connections * MAX_STREAMS_PER_CONNECTION),
+                              balance if name == "inference" else None)
                      for name, targets in (("gateway", [gateway]), ("inference", inference), ("retrieval", [retrieval]))],
     }, "overload_manager": _connection_bound(max_connections)}
     if admin:

@@ -8,8 +8,17 @@ import sys
 from pathlib import Path
 
 from servicekit.identity import DEFAULT_TRUST_DOMAIN
+from servicekit.public_api import AFFINITY_HEADER
 
-from agentgw.edge import DEFAULT_HEALTH_CHECK_S, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_REQUEST_BYTES, EDGE, edge_config
+from agentgw.edge import (
+    DEFAULT_AFFINITY_BALANCE,
+    DEFAULT_HEALTH_CHECK_S,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_REQUEST_BYTES,
+    EDGE,
+    INFERENCE_ROUTING,
+    edge_config,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +43,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--health-check-s", type=float, default=DEFAULT_HEALTH_CHECK_S,
                         help="how often each backend host's gRPC health is checked; a host not SERVING gets no calls "
                              f"(default {DEFAULT_HEALTH_CHECK_S:g}; 0: never)")
+    parser.add_argument("--inference-routing", choices=INFERENCE_ROUTING, default="affinity",
+                        help="how Generate is spread over the inference replicas: affinity hashes the tenant's "
+                             f"certificate and the client's {AFFINITY_HEADER} header (a session id), so a session's "
+                             "prompts find their cached prefix; least_request by load alone (default affinity)")
+    parser.add_argument("--affinity-balance", type=int, default=DEFAULT_AFFINITY_BALANCE,
+                        help="affinity: a replica takes up to this percent of the replicas' average calls in flight "
+                             f"before its keys spill to their next replica (default {DEFAULT_AFFINITY_BALANCE})")
     parser.add_argument("--admin", help="a loopback host:port for Envoy's admin interface (default: none), so that a "
                                         "stop can drain first: POST /drain_listeners?graceful (deploy/k8s does)")
     parser.add_argument("--metrics", help="host:port serving Envoy's Prometheus stats at /metrics, plain HTTP, for a "
@@ -51,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
                              retrieval=args.retrieval, trust_domain=args.trust_domain,
                              max_request_bytes=args.max_request_bytes, max_connections=args.max_connections,
                              health_check_s=args.health_check_s, admin=args.admin,
-                             metrics=args.metrics)
+                             metrics=args.metrics, inference_routing=args.inference_routing,
+                             affinity_balance=args.affinity_balance)
     except ValueError as exc:
         print(f"agentgw edge-config: {exc}", file=sys.stderr)
         return 2

@@ -22,19 +22,19 @@ from agent.gateway.v1 import gateway_pb2 as pb
 from agent.gateway.v1 import gateway_pb2_grpc
 from agent.inference.v1 import inference_pb2
 from agent.retrieval.v1 import retrieval_pb2
+from servicekit.admission import Admission
 from servicekit.bounds import Bounds
 from servicekit.errors import InvalidArgument, NotFound, ServiceError
 from servicekit.json_schema import SchemaVerdicts, check_schema
 from servicekit.metrics import counter, gauge, meter
 from servicekit.passthrough import add_service, wrap
 from servicekit.procfs import available_cpus, open_fds
+from servicekit.public_api import AFFINITY_HEADER
 from servicekit.server import Health
 from servicekit.tenancy import DEV_IDENTITY, cache_salt_for, current_tenant, physical_collection, scoped_search
-
-from servicekit.admission import Admission
 from gateway.backends import Backends, open_backends
 from gateway.replicas import Replica
-from gateway.routing import Reason, generate_key
+from gateway.routing import Reason, generate_key, session_key
 from gateway.chat import ChatTurns, Clock
 from gateway.convert import message_to_proto, session_to_proto, turn_event_to_proto, turn_request_from_proto
 from gateway.database import embedded_postgres_url, open_database
@@ -126,10 +126,11 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
         self.bounds.generate(request)
         # The request is ours to change: no copy of the prompt.
         request.request.cache_salt = cache_salt_for(self.settings.prefix_cache, tenant, request.request.cache_salt)
+        key = self._generate_key(request.request, context)
         messages, last = 0, b""
         with ExitStack() as slot:
             self._admit(slot, tenant)
-            route = self.backends.route(generate_key(request.request, self.settings.routing_prefix_chars))
+            route = self.backends.route(key)
             while True:
                 try:
                     async with self.backends.start_generate_bytes(request.request, context, route) as stream:
@@ -142,6 +143,15 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
                     if messages or (route := self.backends.reroute(route, exc)) is None:
                         raise
         _note_stream(messages, messages, last, route.replica)
+
+    def _generate_key(self, request: inference_pb2.GenerateRequest, context) -> bytes:
+        """Where a Generate goes: the client's ``x-agw-affinity`` key, routed as a session of that id (so a
+        session's Generate calls meet its Chat turns), else the prompt's leading text."""
+        for key, value in context.invocation_metadata() or ():
+            if key == AFFINITY_HEADER:
+                self.bounds.affinity(value)
+                return session_key(request.cache_salt, value)
+        return generate_key(request, self.settings.routing_prefix_chars)
 
     async def Retrieve(self, request, context):
         """A passthrough: the retrieval service's SearchResponse goes out as the bytes it sent."""

@@ -21,7 +21,7 @@ from agent.inference.v1 import inference_pb2
 from agent.retrieval.v1 import retrieval_pb2
 from servicekit.errors import InvalidArgument
 from servicekit.json_schema import parse_schema
-from servicekit.public_api import PublicApiSettings
+from servicekit.public_api import AFFINITY_HEADER, PublicApiSettings
 
 
 MAX_SESSION_ID_CHARS = 64
@@ -61,6 +61,10 @@ class Bounds:
         if "\x00" in value:
             raise InvalidArgument(field, "contains a NUL character (U+0000), which session storage cannot hold; "
                                   "remove it or escape it")
+
+    def affinity(self, value: str) -> None:
+        """The ``x-agw-affinity`` header's key (servicekit.public_api.AFFINITY_HEADER): an identifier."""
+        self._limit(f"{AFFINITY_HEADER} header", len(value), "max_key_chars", "characters")
 
     @staticmethod
     def session_id(field: str, value: str) -> None:

@@ -19,6 +19,10 @@ from servicekit.admission import Admission
 
 #: Where the public API's settings are read from, whatever the reading service's own prefix.
 PUBLIC_PREFIX = "AGW_GATEWAY_"
+#: The request header a client sets to keep its ``Generate`` calls on one inference replica (a session or
+#: conversation id; the prefix cache it built is there). The gateway routes on it as on a session
+#: (gateway.routing.session_key); the edge hashes it with the tenant's certificate (agentgw.edge).
+AFFINITY_HEADER = "x-agw-affinity"
 
 
 def public_field(name: str, default: Any, **constraints: Any) -> Any:

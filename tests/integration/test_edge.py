@@ -482,3 +482,57 @@ async def test_the_edges_metrics_port_serves_its_prometheus_stats_and_nothing_el
         assert edge.process.poll() is None
     finally:
         await asyncio.to_thread(edge.stop)
+
+
+GENERATE = GATEWAY_SERVICE.methods_by_name["Generate"]
+
+
+def _scripted(prompt: str) -> pb.GenerateRequest:
+    from agent.inference.v1 import inference_pb2
+
+    return pb.GenerateRequest(request=inference_pb2.GenerateRequest(prompt=prompt))
+
+
+async def test_the_edge_keeps_each_key_on_one_replica_and_spills_a_crowded_one(tmp_path, gateway, retrieval, pki):
+    """Cache-affine Generate at the edge (--inference-routing affinity, the default), over two scripted replicas
+    serving the public Generate as the inference service does: each x-agw-affinity key's calls land on one replica
+    and sixteen keys use both; without the header the tenant's certificate is the key; and a key whose replica
+    holds far more than the average in flight spills to the other (bounded load, --affinity-balance 150)."""
+    from agentgw.edge import AFFINITY_HEADER
+
+    async with scripted_app(pki.root, replica_name="a", **EDGE) as (a, app_a), \
+            scripted_app(pki.root, replica_name="b", **EDGE) as (b, app_b), \
+            edge_proxy(tmp_path, pki.root, gateway_port=gateway.port, inference_ports=[a.port, b.port],
+                       retrieval_port=retrieval.port) as port, \
+            mtls_channel(port, pki.root, identity="tenant/dev") as channel:
+        generate = raw_multicallable(channel, GENERATE)
+
+        def placed() -> tuple[int, int]:
+            return app_a.servicer.generations, app_b.servicer.generations
+
+        async def three_calls(metadata=()) -> tuple[int, int]:
+            before = placed()
+            for _ in range(3):
+                assert len([m async for m in generate(_scripted("tokens=2"), metadata=metadata, timeout=30)]) == 3
+            after = placed()
+            return after[0] - before[0], after[1] - before[1]
+
+        homes = set()
+        for key in range(16):
+            landed = await three_calls(((AFFINITY_HEADER, f"session-{key}"),))
+            assert landed in ((3, 0), (0, 3)), f"key {key}'s calls were split {landed}"
+            homes.add(landed)
+        assert homes == {(3, 0), (0, 3)}
+        assert await three_calls() in ((3, 0), (0, 3))
+
+        crowded = ((AFFINITY_HEADER, "one-busy-session"),)
+        before = placed()
+        held = []
+        for _ in range(12):  # long streams, each begun (its first message read) before the next starts
+            call = generate(_scripted("tokens=200 delay=0.05"), metadata=crowded, timeout=60)
+            await call.read()
+            held.append(call)
+        landed = sorted(n - m for n, m in zip(placed(), before))
+        for call in held:
+            call.cancel()
+        assert landed[0] >= 1 and landed[1] > landed[0], f"12 held calls of one key landed {landed}"

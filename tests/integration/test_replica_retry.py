@@ -1,6 +1,7 @@
 """The rules of a failed replica, with scripted replicas (faults on demand): a call that fails UNAVAILABLE
 before its first message is retried once on the next-ranked replica (an OpenGenerate retry resends its
 prefix); after the first message there is no retry, the stream ends UNAVAILABLE and nothing is stored.
+A Generate carrying the client's ``x-agw-affinity`` key is routed as that session's turns are.
 
 The same paths with real vLLM replicas (routing, spill, a killed replica): tests/e2e/test_replicas.py.
 """
@@ -115,3 +116,25 @@ async def test_after_the_first_token_there_is_no_retry_and_nothing_is_stored(tmp
         assert one.generations + two.generations == 1  # not sent again
         stored = await stub.ListMessages(pb.ListMessagesRequest(session_id=session), timeout=5)
         assert list(stored.messages) == []  # stored whole or not at all
+
+
+async def test_a_generate_with_an_affinity_key_goes_where_that_sessions_turns_go(tmp_path, pki, database_url):
+    """x-agw-affinity (servicekit.public_api.AFFINITY_HEADER) names a session: the Generate is routed by that
+    session's key, not by its prompt, so it meets the session's cached prefix; an oversized key is refused."""
+    async with AsyncExitStack() as stack:
+        replicas, addresses, stub, app = await _stack(stack, tmp_path, pki, database_url, {}, {})
+        salt = cache_salt_for("tenant", TENANT)
+        session = await _session_ranked_first_on(stub, addresses, 1)
+        prompt = next(p for p in (f"tokens=2 n={i}" for i in range(64))
+                      if rank(prefix_key(salt, [p], 2048), addresses)[0] == 0)  # alone, it would go to replica 0
+        request = pb.GenerateRequest(request=inference_pb2.GenerateRequest(prompt=prompt))
+        [_ async for _ in stub.Generate(request, metadata=(("x-agw-affinity", session),), timeout=10)]
+        events = [e async for e in stub.Chat(pb.ChatRequest(session_id=session, message="tokens=2"), timeout=10)]
+        assert events[-1].HasField("final")
+        [_ async for _ in stub.Generate(request, timeout=10)]  # no key: the prompt's replica
+        assert [r.generations for r in replicas] == [1, 2]
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            [_ async for _ in stub.Generate(request, metadata=(("x-agw-affinity", "s" * 129),), timeout=10)]
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert caught.value.details() == ("x-agw-affinity header: is 129 characters; the limit is 128 "
+                                          "(AGW_GATEWAY_MAX_KEY_CHARS)")

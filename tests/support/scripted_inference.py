@@ -33,12 +33,14 @@ import grpc
 
 from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from servicekit import InvalidArgument, ResourceExhausted, ServiceSettings, main_for, prefixed_config
+from inference.public_generate import PublicGenerate
 from servicekit.errors import Unavailable
+from servicekit.public_api import PublicApiSettings
 
 INFERENCE_SERVICE = inference_pb2.DESCRIPTOR.services_by_name["Inference"]
 
 
-class ScriptedSettings(ServiceSettings):
+class ScriptedSettings(ServiceSettings, PublicApiSettings):
     model_config = prefixed_config("scripted")
 
     identity: str = "inference"  # it stands in for the inference service, with its certificate
@@ -156,9 +158,15 @@ class ScriptedApp:
         self.settings = settings
         self.servicer = ScriptedInference(open_generate=settings.open_generate, fail_generate=settings.fail_generate,
                                           replica_name=settings.replica_name)
+        # With edge_clients, the public Generate too, as the inference service serves it (for the edge's routing).
+        self.public = PublicGenerate(settings, self.servicer) if settings.edge_client_patterns else None
+        if self.public is not None:
+            self.public.declare_on(self)
 
     def register(self, server) -> None:
         inference_pb2_grpc.add_InferenceServicer_to_server(self.servicer, server)
+        if self.public is not None:
+            self.public.register(server)
 
     @asynccontextmanager
     async def lifespan(self, health):

@@ -133,3 +133,32 @@ def test_the_edges_metrics_need_its_admin_interface(tmp_path):
     with pytest.raises(ValueError, match="--metrics needs --admin"):
         edge_config(tmp_path, tmp_path / "envoy.json", listen="0.0.0.0:50051", gateway="g:1", inference=["i:2"],
                     retrieval="r:3", metrics="0.0.0.0:9467")
+
+
+def _inference_config(tmp_path, **options) -> tuple[dict, dict]:
+    """The inference cluster and the Generate route of an edge's bootstrap."""
+    bootstrap = edge_config(tmp_path, tmp_path / "envoy.json", listen="0.0.0.0:50051", gateway="g:1",
+                            inference=["i:2", "j:2"], retrieval="r:3", **options).bootstrap["static_resources"]
+    [cluster] = [c for c in bootstrap["clusters"] if c["name"] == "inference"]
+    manager = bootstrap["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    [route] = [r["route"] for r in manager["route_config"]["virtual_hosts"][0]["routes"]
+               if r["match"].get("path", "").endswith("/Generate")]
+    return cluster, route
+
+
+def test_generate_is_cache_affine_at_the_edge_unless_asked_otherwise(tmp_path):
+    cluster, route = _inference_config(tmp_path)
+    assert cluster["lb_policy"] == "MAGLEV"
+    assert cluster["common_lb_config"] == {"healthy_panic_threshold": {"value": 0.0},  # the health settings stay
+                                           "consistent_hashing_lb_config": {"hash_balance_factor": 150}}
+    assert [p["header"]["header_name"] for p in route["hash_policy"]] == ["x-forwarded-client-cert", "x-agw-affinity"]
+    assert route["retry_policy"]["retry_host_predicate"]  # the retry still goes to another replica
+    cluster, route = _inference_config(tmp_path, inference_routing="least_request")
+    assert cluster["lb_policy"] == "LEAST_REQUEST" and "hash_policy" not in route
+    assert "consistent_hashing_lb_config" not in cluster["common_lb_config"]
+    cluster, _ = _inference_config(tmp_path, affinity_balance=300)
+    assert cluster["common_lb_config"]["consistent_hashing_lb_config"]["hash_balance_factor"] == 300
+    with pytest.raises(ValueError, match="--inference-routing must be one of affinity, least_request"):
+        _inference_config(tmp_path, inference_routing="round_robin")
+    with pytest.raises(ValueError, match="--affinity-balance is a percent of the average load, at least 100"):
+        _inference_config(tmp_path, affinity_balance=90)
