@@ -23,14 +23,15 @@ docs/architecture.md, "The edge":
   connections to ``--max-connections`` and gives each 10 s to finish its
   handshake and to send a request's headers.
 
-- ``Generate`` is cache-affine (``--inference-routing affinity``, the
-  default): Envoy cannot read the prompt, which the gateway hashes, so it
-  hashes what identifies the caller's cache: the tenant's verified
-  certificate, and the client's ``x-agw-affinity`` header (a session or
-  conversation id) where it sends one. Maglev with bounded load: a key stays
-  on its replica until that replica holds ``--affinity-balance`` percent of
-  the replicas' average calls in flight, then spills to the key's next
-  replica. ``least_request`` spreads calls by load alone.
+- ``Generate`` is cache-affine where the client names its cache
+  (``--inference-routing affinity``, the default): Envoy cannot read the
+  prompt, which the gateway hashes, so a call carrying an ``x-agw-affinity``
+  header (a session or conversation id) is hashed on that key and the
+  tenant's verified certificate, by Maglev with bounded load: a key stays on
+  its replica until that replica holds ``--affinity-balance`` percent of the
+  replicas' average calls in flight, then spills to the key's next replica.
+  A call without the header goes by load (least requests), as with
+  ``least_request`` for all.
 - Admission: the backends admit the calls the edge sends them, per tenant,
   with the gateway's settings (``servicekit.public_methods``). Like the
   gateway, the edge retries a ``Generate`` that failed before its first
@@ -164,12 +165,12 @@ def _health(health_check_s: float, max_requests: int) -> dict:
     return config
 
 
-def _balance(routing: str, affinity_balance: int) -> dict:
-    """The inference cluster's load balancing: Maglev with bounded load for ``affinity``, else least requests."""
+def _affine_balance(routing: str, affinity_balance: int) -> dict | None:
+    """The keyed inference cluster's load balancing for ``affinity``: Maglev with bounded load; None without it."""
     if routing not in INFERENCE_ROUTING:
         raise ValueError(f"--inference-routing must be one of {', '.join(INFERENCE_ROUTING)} (got {routing!r})")
     if routing == "least_request":
-        return {"lb_policy": "LEAST_REQUEST"}
+        return None
     if affinity_balance < 100:
         raise ValueError(f"--affinity-balance is a percent of the average load, at least 100 (got {affinity_balance})")
     return {"lb_policy": "MAGLEV",
@@ -177,8 +178,9 @@ def _balance(routing: str, affinity_balance: int) -> dict:
 
 
 def _cluster(name: str, targets: Sequence[str], files: IdentityFiles, bootstrap: Path, trust_domain: str,
-             keepalive_s: float, health: dict, balance: dict | None = None) -> dict:
-    """A backend over mTLS with the edge's identity; its certificate must be ``service/<name>``'s.
+             keepalive_s: float, health: dict, balance: dict | None = None, service: str | None = None) -> dict:
+    """A backend over mTLS with the edge's identity; its certificate must be ``service/<service>``'s (default
+    ``name``).
 
     ``balance``: how its hosts share calls (default least requests); merged with ``health``'s settings.
     """
@@ -186,7 +188,7 @@ def _cluster(name: str, targets: Sequence[str], files: IdentityFiles, bootstrap:
     common = {**health.get("common_lb_config", {}), **balance.get("common_lb_config", {})}
     endpoints = [_host_port(target) for target in targets]
     tls = {"common_tls_context": _tls_context(
-        files, bootstrap, **_spiffe_match("exact", Identity.service(name).spiffe_id(trust_domain)))}
+        files, bootstrap, **_spiffe_match("exact", Identity.service(service or name).spiffe_id(trust_domain)))}
     if not _is_ip(endpoints[0][0]):
         tls["sni"] = endpoints[0][0]
     return {
@@ -221,20 +223,27 @@ _RETRY_BEFORE_FIRST_MESSAGE = {
 }
 
 
-#: What an affine Generate hashes: the certificate the edge verified (in the header it sets, per tenant client), and
-#: the client's own key where it sends one. Both, so two tenants' keys do not share a replica by name alone.
+#: The cluster of the inference replicas for Generate calls that carry a key (``affinity``): the same hosts.
+AFFINE_INFERENCE = "inference_affine"
+#: What a keyed Generate hashes: the client's key, and the certificate the edge verified (in the header it sets, one
+#: per tenant client), so that two tenants' equal keys are two keys.
 _AFFINITY_HASH = [{"header": {"header_name": "x-forwarded-client-cert"}}, {"header": {"header_name": AFFINITY_HEADER}}]
 
 
 def _routes(inference_routing: str = "affinity") -> list[dict]:
     # timeout 0: streams live as long as they need; the client's grpc-timeout bounds each call.
     stream = {"timeout": "0s", "max_stream_duration": {"grpc_timeout_header_max": "0s"}}
-    inference = {"retry_policy": _RETRY_BEFORE_FIRST_MESSAGE,
-                 **({"hash_policy": _AFFINITY_HASH} if inference_routing == "affinity" else {})}
-    routes = [{"match": {"path": path}, "route": {
-                   "cluster": cluster, **stream, **(inference if cluster == "inference" else {})},
+    retry = {"retry_policy": _RETRY_BEFORE_FIRST_MESSAGE}
+    routes = [{"match": {"path": path},
+               "route": {"cluster": cluster, **stream, **(retry if cluster == "inference" else {})},
                "request_headers_to_remove": _CLIENT_TRACE_HEADERS}
               for path, cluster in PASSTHROUGH_ROUTES.items()]
+    if inference_routing == "affinity":  # a Generate with a key: hashed; without one, by load (the route below)
+        [generate] = [path for path, cluster in PASSTHROUGH_ROUTES.items() if cluster == "inference"]
+        keyed = {"match": {"path": generate, "headers": [{"name": AFFINITY_HEADER, "present_match": True}]},
+                 "route": {"cluster": AFFINE_INFERENCE, **stream, **retry, "hash_policy": _AFFINITY_HASH},
+                 "request_headers_to_remove": _CLIENT_TRACE_HEADERS}
+        routes.insert(0, keyed)
     # The gateway bounds its own requests before decoding them (AGW_GATEWAY_MAX_RECEIVE_BYTES): no buffering here.
     unbuffered = {_BUFFER: {"@type": f"{_TYPES}.filters.http.buffer.v3.BufferPerRoute", "disabled": True}}
     return [*routes, {"match": {"prefix": "/"}, "route": {"cluster": "gateway", **stream},
@@ -367,14 +376,15 @@ def edge_config(tls_dir: Path, bootstrap_path: Path, *, listen: str, gateway: st
     that fails). ``admin``: a loopback host:port for Envoy's admin interface
     (none by default), through which a stop drains first. ``metrics``: a
     host:port serving Envoy's Prometheus stats at ``/metrics`` (and nothing
-    else; it needs ``admin``). ``inference_routing``: ``affinity`` (the
-    tenant's certificate and its ``x-agw-affinity`` key hashed, Maglev with
-    load bounded at ``affinity_balance`` percent of the average) or
-    ``least_request``.
+    else; it needs ``admin``). ``inference_routing``: ``affinity`` (a
+    Generate carrying ``x-agw-affinity`` goes to a second cluster of the same
+    replicas, hashed on that key and the tenant's certificate by Maglev, with
+    load bounded at ``affinity_balance`` percent of the average; one without
+    goes by least requests) or ``least_request`` (all by load).
     """
     tls_dir, bootstrap_path = tls_dir.absolute(), bootstrap_path.absolute()
     files = IdentityFiles.of(tls_dir, EDGE)
-    balance = _balance(inference_routing, affinity_balance)
+    affine = _affine_balance(inference_routing, affinity_balance)
     host, port = _host_port(listen)
     downstream = {"require_client_certificate": True, "common_tls_context": _tls_context(
         files, bootstrap_path, **_spiffe_match("prefix", f"spiffe://{trust_domain}/"))}
@@ -392,10 +402,13 @@ def edge_config(tls_dir: Path, bootstrap_path: Path, *, listen: str, gateway: st
             }],
         }],
         "clusters": [_cluster(name, targets, files, bootstrap_path, trust_domain, keepalive_s,
-                              _health(health_check_s, max_connections * MAX_STREAMS_PER_CONNECTION),
-                              balance if name == "inference" else None)
+                              _health(health_check_s, max_connections * MAX_STREAMS_PER_CONNECTION))
                      for name, targets in (("gateway", [gateway]), ("inference", inference), ("retrieval", [retrieval]))],
     }, "overload_manager": _connection_bound(max_connections)}
+    if affine is not None:
+        bootstrap["static_resources"]["clusters"].append(_cluster(
+            AFFINE_INFERENCE, inference, files, bootstrap_path, trust_domain, keepalive_s,
+            _health(health_check_s, max_connections * MAX_STREAMS_PER_CONNECTION), affine, service="inference"))
     if admin:
         bootstrap["admin"] = _admin(admin)
     if metrics:

@@ -44,9 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how often each backend host's gRPC health is checked; a host not SERVING gets no calls "
                              f"(default {DEFAULT_HEALTH_CHECK_S:g}; 0: never)")
     parser.add_argument("--inference-routing", choices=INFERENCE_ROUTING, default="affinity",
-                        help="how Generate is spread over the inference replicas: affinity hashes the tenant's "
-                             f"certificate and the client's {AFFINITY_HEADER} header (a session id), so a session's "
-                             "prompts find their cached prefix; least_request by load alone (default affinity)")
+                        help="how Generate is spread over the inference replicas: affinity hashes a call that "
+                             f"carries an {AFFINITY_HEADER} header (a session id) on it and the tenant's certificate, "
+                             "so a session's prompts find their cached prefix, and sends the rest by load; "
+                             "least_request sends all by load (default affinity)")
     parser.add_argument("--affinity-balance", type=int, default=DEFAULT_AFFINITY_BALANCE,
                         help="affinity: a replica takes up to this percent of the replicas' average calls in flight "
                              f"before its keys spill to their next replica (default {DEFAULT_AFFINITY_BALANCE})")

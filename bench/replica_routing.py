@@ -18,12 +18,19 @@ before the turn arrives, which the turn's usage then counts as cached although t
 with it on the cached fraction no longer says what routing kept. Reported per policy: the fraction of prompt tokens served from the prefix cache (it does not
 depend on this machine's timing, so it leads), TTFT p50/p95/p99 at the client, and the calls each replica got.
 
+``edge-affinity`` and ``edge-least_request`` run the same sessions through the edge (Envoy as ``agentgw
+edge-config --inference-routing affinity|least_request`` writes it) straight to the replicas' public
+``Generate``, with no gateway: the client keeps each session's conversation and sends it whole each turn, as a
+chat-completions client does. ``edge-affinity`` sends the session id in ``x-agw-affinity``. Their split is
+counted from the replicas' own ``rpc.server.duration`` counts of the public Generate.
+
 ``--kill`` adds a phase with ``affinity``: after ``--kill-after`` rounds the second replica is killed (SIGKILL,
 engine and all) while turns run, and started again on its port at once; the rounds go on. Reported: each failed
 turn's status and whether it had received a token, turns per replica per round, and whether the killed
 replica's sessions came back to it once it rejoined.
 
     python bench/replica_routing.py [--sessions 24] [--rounds 6] [--concurrency 8] [--kill] [--prefill] [--json FILE]
+    python bench/replica_routing.py --policies affinity,least_loaded,edge-affinity,edge-least_request
 """
 
 from __future__ import annotations
@@ -38,13 +45,14 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
 import grpc
-from harness import (command_line, dev_pki, gateway_process, inference_process, print_table, retrieval_process,
-                     scrape, scratch_dir, summary, write_json)
+from harness import (UNBOUNDED_ADMISSION, command_line, dev_pki, gateway_process, inference_process, print_table,
+                     retrieval_process, scrape, scratch_dir, summary, write_json)
 
 from agent.gateway.v1 import gateway_pb2 as pb
 from agent.gateway.v1 import gateway_pb2_grpc
 from agent.inference.v1 import inference_pb2
 from servicekit import ChannelSpec, ClientTls, open_channel, wait_ready
+from servicekit.public_api import AFFINITY_HEADER
 from tests.support.servers import free_port
 
 TENANTS = ("acme", "globex", "initech")
@@ -160,6 +168,64 @@ async def workload(port: int, tls, run: Run, args, *, between_rounds=None, on_to
         run.spilled = sum(b.replica.routed_spill for b in stats.backends if b.name == "inference")
 
 
+async def _generate_turn(stub, history: list, message: str, max_tokens: int, metadata) -> Turn:
+    """One turn as a chat-completions client sends it through the edge: the whole conversation, each time."""
+    history.append(inference_pb2.ChatMessage(role=inference_pb2.ROLE_USER, content=message))
+    turn, started, text = Turn(), time.perf_counter(), []
+    try:
+        async for message_ in stub.Generate(pb.GenerateRequest(request=inference_pb2.GenerateRequest(
+                chat=inference_pb2.ChatMessages(messages=history),
+                sampling=inference_pb2.SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))),
+                metadata=metadata, timeout=120):
+            response = message_.response
+            if response.text and not turn.got_token:
+                turn.got_token, turn.ttft_ms = True, (time.perf_counter() - started) * 1000
+            text.append(response.text)
+            if response.HasField("result"):
+                turn.prompt_tokens = response.result.usage.prompt_tokens
+                turn.cached_tokens = response.result.usage.cached_prompt_tokens
+    except grpc.aio.AioRpcError as exc:
+        turn.status = exc.code().name
+    history.append(inference_pb2.ChatMessage(role=inference_pb2.ROLE_ASSISTANT, content="".join(text)))
+    return turn
+
+
+async def edge_workload(port: int, stack: "Stack", run: Run, args) -> None:
+    """The rounds of :func:`workload`, as Generate calls through the edge on ``port`` (``run.policy`` edge-*)."""
+    rng = random.Random(7)
+    async with AsyncExitStack() as exits:
+        stubs = {}
+        for tenant in TENANTS:
+            channel = await exits.enter_async_context(_channel(port, stack.tls, f"tenant/{tenant}"))
+            await wait_ready(channel, timeout_s=30, target=f"the edge as tenant/{tenant}")
+            stubs[tenant] = gateway_pb2_grpc.AgentGatewayStub(channel)
+        sessions = []
+        for index in range(args.sessions):
+            tenant = TENANTS[index % len(TENANTS)]
+            session = f"{run.policy}-session-{index}"
+            keyed = run.policy == "edge-affinity"
+            sessions.append((stubs[tenant], session, [inference_pb2.ChatMessage(
+                role=inference_pb2.ROLE_SYSTEM, content=_system_prompt(run.policy, tenant))],
+                ((AFFINITY_HEADER, session),) if keyed else ()))
+        gate = asyncio.Semaphore(args.concurrency)
+
+        async def one(stub, session, history, metadata, round_):
+            async with gate:
+                turn = await _generate_turn(stub, history, _message(rng, round_, args.message_words),
+                                            args.max_tokens, metadata)
+                turn.session = session
+                run.turns.append(turn)
+
+        for round_ in range(args.rounds):
+            before = stack.public_generates()
+            order = sessions[:]
+            rng.shuffle(order)
+            await asyncio.gather(*(one(*session, round_) for session in order))
+            after = stack.public_generates()
+            run.per_round.append({name: after[name] - before.get(name, 0) for name in after})
+        run.routed = {name: sum(r.get(name, 0) for r in run.per_round) for name in run.per_round[0]}
+
+
 def _row(run: Run) -> dict:
     ok = [t for t in run.turns if t.status == "OK"]
     prompt = sum(t.prompt_tokens for t in ok)
@@ -170,7 +236,8 @@ def _row(run: Run) -> dict:
             "cached_fraction": sum(t.cached_tokens for t in ok) / prompt if prompt else 0.0,
             "ttft_p50_ms": ttft["p50"], "ttft_p95_ms": ttft["p95"], "ttft_p99_ms": ttft["p99"],
             "split": " / ".join(f"{name} {count / total:.0%}" for name, count in sorted(run.routed.items())),
-            "spilled": f"{run.spilled / total:.0%}",
+            # The edge does not report its spills (Envoy counts none per key).
+            "spilled": "-" if run.policy.startswith("edge-") else f"{run.spilled / total:.0%}",
             # Round 0 sends one turn per session: about how the sessions split (spills aside).
             "round_0": "/".join(str(count) for _, count in sorted(run.per_round[0].items())) if run.per_round else "",
             # What the replicas' prefix prefills did during the policy's run (none asked with the prefill off).
@@ -201,8 +268,10 @@ class Stack:
         return process
 
     def _replica(self, index: int, port: int = 0):
+        # Each also serves the public Generate to the edge (the edge-* policies), admitting what the bench sends.
         return inference_process(self.root, self.tls, f"inference-{index + 1}-{time.monotonic_ns()}",
                                  AGW_INFERENCE_KV_CACHE_GIB=str(self.kv_cache_gib),
+                                 AGW_INFERENCE_EDGE_CLIENTS="service/edge", **UNBOUNDED_ADMISSION,
                                  AGW_INFERENCE_REPLICA_NAME=f"replica-{index + 1}",
                                  AGW_INFERENCE_METRICS_PORT=str(self.metrics_ports[index]),
                                  **({"AGW_INFERENCE_PORT": str(port)} if port else {}))
@@ -221,6 +290,27 @@ class Stack:
             "AGW_GATEWAY_PREFILL_PREFIX": "true" if self.prefill else "false",
             **({"AGW_GATEWAY_ROUTING_LOAD_MARGIN": margin} if margin else {})}))
         return process, process.wait_serving()
+
+    def edge(self, name: str, policy: str):
+        """Envoy as ``agentgw edge-config`` writes it, in front of both replicas (``edge-least_request``: by load;
+        else affine); returns (process, port) once a Generate goes through. Its other routes lead nowhere."""
+        from agentgw.edge_process import EdgeProcess
+
+        port = free_port()
+        edge = EdgeProcess(self.root / name, self.tls, listen=f"127.0.0.1:{port}", gateway="127.0.0.1:9",
+                           inference=[f"127.0.0.1:{p}" for p in self.replica_ports],
+                           retrieval=f"127.0.0.1:{self.ports['retrieval']}",
+                           inference_routing="least_request" if policy == "edge-least_request" else "affinity")
+        return edge, port
+
+    def public_generates(self) -> dict[str, int]:
+        """Public Generate calls each replica has answered (its ``rpc.server.duration`` count)."""
+        counts = {}
+        for index, port in enumerate(self.metrics_ports):
+            counts[f"replica-{index + 1}"] = int(sum(
+                value for name, value in scrape(port).items()
+                if name.startswith("rpc_server_duration") and "_count{" in name and "AgentGateway/Generate" in name))
+        return counts
 
     def prefills(self) -> dict[str, int]:
         """Prefix prefills so far on both replicas, by outcome (``agw_inference_prefix_prefills_total``)."""
@@ -288,7 +378,8 @@ async def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--policies", default="single,affinity,round_robin,least_loaded",
                         help="comma-separated; affinity@N is affinity with AGW_GATEWAY_ROUTING_LOAD_MARGIN=N, "
-                             "affinity-unplaced affinity with AGW_GATEWAY_PLACE_SESSIONS=false")
+                             "affinity-unplaced affinity with AGW_GATEWAY_PLACE_SESSIONS=false; edge-affinity "
+                             "and edge-least_request go through the edge to the replicas' Generate")
     parser.add_argument("--kill", action="store_true", help="add the phase with a replica killed and restarted")
     parser.add_argument("--kill-after", type=int, default=2, help="the round during which the replica dies")
     parser.add_argument("--kv-cache-gib", type=float, default=2.0,
@@ -307,12 +398,13 @@ async def main() -> None:
         kv = await kv_tokens(stack)
         for policy in args.policies.split(","):
             run = Run(policy)
-            gateway, port = stack.gateway(f"gateway-{policy}", policy)
+            edge = policy.startswith("edge-")
+            process, port = (stack.edge if edge else stack.gateway)(f"{'edge' if edge else 'gateway'}-{policy}", policy)
             before = stack.prefills()
             try:
-                await workload(port, tls, run, args)
+                await (edge_workload(port, stack, run, args) if edge else workload(port, tls, run, args))
             finally:
-                gateway.stop()
+                process.stop()
             run.prefills = {outcome: count - before.get(outcome, 0) for outcome, count in stack.prefills().items()}
             runs.append(run)
         if args.kill:
@@ -346,6 +438,9 @@ def report(runs: list[Run], kill, args, kv_tokens: int) -> None:
         # best any router can do: round_robin then loses only what a session added since it last visited a replica.
         print(f"single / round_robin: {by_policy['single']['cached_fraction'] / max(by_policy['round_robin']['cached_fraction'], 1e-9):.2f}x "
               "(the ceiling of affinity / round_robin when every session fits one replica's cache)")
+    if {"edge-affinity", "edge-least_request"} <= set(by_policy):
+        keyed, spread = by_policy["edge-affinity"]["cached_fraction"], by_policy["edge-least_request"]["cached_fraction"]
+        print(f"\nthe edge: affinity (x-agw-affinity) cached fraction {keyed / max(spread, 1e-9):.2f}x least_request's")
     data = {"runs": rows, "kv_cache_tokens": kv_tokens, "working_set_tokens": sum(last.values()),
             "prefix_prefill": args.prefill}
     if kill is not None:

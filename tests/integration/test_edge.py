@@ -496,8 +496,9 @@ def _scripted(prompt: str) -> pb.GenerateRequest:
 async def test_the_edge_keeps_each_key_on_one_replica_and_spills_a_crowded_one(tmp_path, gateway, retrieval, pki):
     """Cache-affine Generate at the edge (--inference-routing affinity, the default), over two scripted replicas
     serving the public Generate as the inference service does: each x-agw-affinity key's calls land on one replica
-    and sixteen keys use both; without the header the tenant's certificate is the key; and a key whose replica
-    holds far more than the average in flight spills to the other (bounded load, --affinity-balance 150)."""
+    and sixteen keys use both; and a key whose replica holds far more than the average in flight spills to the
+    other (bounded load, --affinity-balance 150). Calls without a key go by load (not checked: least requests
+    between idle replicas is a coin toss)."""
     from agentgw.edge import AFFINITY_HEADER
 
     async with scripted_app(pki.root, replica_name="a", **EDGE) as (a, app_a), \
@@ -523,7 +524,6 @@ async def test_the_edge_keeps_each_key_on_one_replica_and_spills_a_crowded_one(t
             assert landed in ((3, 0), (0, 3)), f"key {key}'s calls were split {landed}"
             homes.add(landed)
         assert homes == {(3, 0), (0, 3)}
-        assert await three_calls() in ((3, 0), (0, 3))
 
         crowded = ((AFFINITY_HEADER, "one-busy-session"),)
         before = placed()

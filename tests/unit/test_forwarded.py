@@ -135,30 +135,35 @@ def test_the_edges_metrics_need_its_admin_interface(tmp_path):
                     retrieval="r:3", metrics="0.0.0.0:9467")
 
 
-def _inference_config(tmp_path, **options) -> tuple[dict, dict]:
-    """The inference cluster and the Generate route of an edge's bootstrap."""
+def _inference_routing(tmp_path, **options) -> tuple[dict, list[dict]]:
+    """An edge's inference clusters by name, and its Generate routes in order."""
     bootstrap = edge_config(tmp_path, tmp_path / "envoy.json", listen="0.0.0.0:50051", gateway="g:1",
                             inference=["i:2", "j:2"], retrieval="r:3", **options).bootstrap["static_resources"]
-    [cluster] = [c for c in bootstrap["clusters"] if c["name"] == "inference"]
+    clusters = {c["name"]: c for c in bootstrap["clusters"] if c["name"].startswith("inference")}
     manager = bootstrap["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-    [route] = [r["route"] for r in manager["route_config"]["virtual_hosts"][0]["routes"]
-               if r["match"].get("path", "").endswith("/Generate")]
-    return cluster, route
+    routes = [r for r in manager["route_config"]["virtual_hosts"][0]["routes"]
+              if r["match"].get("path", "").endswith("/Generate")]
+    return clusters, routes
 
 
-def test_generate_is_cache_affine_at_the_edge_unless_asked_otherwise(tmp_path):
-    cluster, route = _inference_config(tmp_path)
-    assert cluster["lb_policy"] == "MAGLEV"
-    assert cluster["common_lb_config"] == {"healthy_panic_threshold": {"value": 0.0},  # the health settings stay
-                                           "consistent_hashing_lb_config": {"hash_balance_factor": 150}}
-    assert [p["header"]["header_name"] for p in route["hash_policy"]] == ["x-forwarded-client-cert", "x-agw-affinity"]
-    assert route["retry_policy"]["retry_host_predicate"]  # the retry still goes to another replica
-    cluster, route = _inference_config(tmp_path, inference_routing="least_request")
-    assert cluster["lb_policy"] == "LEAST_REQUEST" and "hash_policy" not in route
-    assert "consistent_hashing_lb_config" not in cluster["common_lb_config"]
-    cluster, _ = _inference_config(tmp_path, affinity_balance=300)
-    assert cluster["common_lb_config"]["consistent_hashing_lb_config"]["hash_balance_factor"] == 300
+def test_a_generate_with_a_key_is_cache_affine_at_the_edge_and_one_without_goes_by_load(tmp_path):
+    clusters, [keyed, unkeyed] = _inference_routing(tmp_path)
+    assert keyed["match"]["headers"] == [{"name": "x-agw-affinity", "present_match": True}]  # first: it must match
+    assert keyed["route"]["cluster"] == "inference_affine" and unkeyed["route"]["cluster"] == "inference"
+    assert [p["header"]["header_name"] for p in keyed["route"]["hash_policy"]] == [
+        "x-forwarded-client-cert", "x-agw-affinity"]
+    assert keyed["route"]["retry_policy"] == unkeyed["route"]["retry_policy"]  # a retry goes to another replica
+    affine, plain = clusters["inference_affine"], clusters["inference"]
+    assert affine["lb_policy"] == "MAGLEV" and plain["lb_policy"] == "LEAST_REQUEST"
+    assert affine["common_lb_config"] == {"healthy_panic_threshold": {"value": 0.0},  # the health settings stay
+                                          "consistent_hashing_lb_config": {"hash_balance_factor": 150}}
+    assert affine["load_assignment"]["endpoints"] == plain["load_assignment"]["endpoints"]  # the same replicas
+    assert affine["transport_socket"] == plain["transport_socket"]  # each must present service/inference
+    clusters, [only] = _inference_routing(tmp_path, inference_routing="least_request")
+    assert set(clusters) == {"inference"} and "headers" not in only["match"]
+    clusters, _ = _inference_routing(tmp_path, affinity_balance=300)
+    assert clusters["inference_affine"]["common_lb_config"]["consistent_hashing_lb_config"]["hash_balance_factor"] == 300
     with pytest.raises(ValueError, match="--inference-routing must be one of affinity, least_request"):
-        _inference_config(tmp_path, inference_routing="round_robin")
+        _inference_routing(tmp_path, inference_routing="round_robin")
     with pytest.raises(ValueError, match="--affinity-balance is a percent of the average load, at least 100"):
-        _inference_config(tmp_path, affinity_balance=90)
+        _inference_routing(tmp_path, affinity_balance=90)
