@@ -20,6 +20,7 @@ from opentelemetry import trace
 
 from agent.gateway.v1 import gateway_pb2
 from servicekit.bounds import Bounds
+from servicekit.metrics import gauge, meter
 from servicekit.passthrough import add_public_passthroughs
 from servicekit.public_api import PublicApiSettings
 
@@ -62,3 +63,6 @@ class PublicPassthrough:
 
     def register(self, server) -> None:
         add_public_passthroughs(server, PUBLIC_SERVICE, {self.method: getattr(self, self.method)})
+        # As the gateway exports its own (gateway.service): what this process has admitted, read at each scrape.
+        gauge(meter("servicekit"), "agw.admission.in_flight", lambda: [(self.admission.in_flight, {})],
+              description="Public calls admitted and running in this process (behind an edge: those it sent here).")

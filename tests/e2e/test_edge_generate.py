@@ -21,6 +21,7 @@ from servicekit.tenancy import tenant_cache_salt
 from tests.support.edge import edge_proxy
 from tests.support.gateway_stack import gateway_server
 from tests.support.grpc_client import mtls_channel
+from tests.support.prometheus import scrape, total
 from tests.support.retrieval_service import retrieval_server
 
 pytestmark = pytest.mark.e2e
@@ -97,7 +98,8 @@ async def test_the_public_bounds_hold_on_the_edges_generate(stack, pki):
     assert "request.prompt" in caught.value.details() and "AGW_GATEWAY_MAX_MESSAGE_CHARS" in caught.value.details()
 
 
-async def test_one_tenants_flood_through_the_edge_is_refused_while_another_is_answered(stack, pki):
+async def test_one_tenants_flood_through_the_edge_is_refused_while_another_is_answered(stack, inference_service,
+                                                                                      pki):
     """The edge sends Generate straight to the inference service, past the gateway's admission: the inference
     service admits the public calls itself, per tenant (tests/conftest.py: tenant other may hold one). While other's
     first stream runs, its second is refused with the setting named, dev's is answered, and once the first stream is
@@ -116,6 +118,7 @@ async def test_one_tenants_flood_through_the_edge_is_refused_while_another_is_an
         assert ("tenant other has 1 calls in flight, its share of this inference service process "
                 "(AGW_GATEWAY_MAX_IN_FLIGHT_PER_TENANT=6 x weight 0.1); retry shortly") in caught.value.details()
         assert _all_answered([await _stream(edge, pki, "tenant/dev", GENERATE, _RETRY_ME)])
+        assert total(await scrape(inference_service.metrics_port), "agw_admission_in_flight") == 1  # the held stream
         held.cancel()
     for _ in range(50):  # the cancel reaches the service through the edge; then the call ends and frees its slot
         try:

@@ -8,9 +8,7 @@ Jaeger would receive.
 
 from __future__ import annotations
 
-import asyncio
 import time
-import urllib.request
 from dataclasses import dataclass
 
 import grpc
@@ -21,6 +19,7 @@ from agent.inference.v1 import inference_pb2
 from retrieval.ingest import sample_corpus
 from agentgw.supervisor import ServiceProcess
 from tests.support.gateway_stack import gateway_stub
+from tests.support.prometheus import scrape, total
 from tests.support.retrieval_service import passage_documents
 from tests.support.servers import free_port
 
@@ -168,25 +167,6 @@ async def test_turns_succeed_when_the_collector_is_down(tmp_path, pki, inference
         gateway.stop(timeout=5)
 
 
-async def _scrape(port: int) -> dict[str, float]:
-    """Prometheus samples as {'name{labels}': value}."""
-    def fetch() -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-            return response.read().decode()
-
-    samples = {}
-    for line in (await asyncio.to_thread(fetch)).splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            samples[key] = float(value)
-    return samples
-
-
-def _total(samples: dict[str, float], name: str, *labels: str) -> float:
-    """Sum of the samples of ``name`` whose labels contain every one of ``labels``."""
-    return sum(v for k, v in samples.items() if k.split("{")[0] == name and all(label in k for label in labels))
-
-
 async def test_every_service_serves_prometheus_metrics(gateway, retrieval, inference_service, pki):
     async with gateway_stub(gateway.port, pki.root) as stub:
         events = [e async for e in stub.Chat(pb.ChatRequest(
@@ -197,19 +177,19 @@ async def test_every_service_serves_prometheus_metrics(gateway, retrieval, infer
             async for _ in stub.Chat(pb.ChatRequest(message=" "), timeout=10):
                 pass
 
-    gw = await _scrape(gateway.metrics_port)
-    assert _total(gw, "agw_chat_first_token_milliseconds_count") >= 1
-    assert _total(gw, "agw_chat_stage_duration_milliseconds_count", 'stage="retrieval"') >= 1
-    assert _total(gw, "agw_rpc_errors_total", 'rpc_grpc_status_code="INVALID_ARGUMENT"') >= 1
-    assert _total(gw, "rpc_server_duration_milliseconds_count", "Chat") >= 2
-    assert _total(gw, "agw_db_pool_connections", 'state="open"') >= 1
+    gw = await scrape(gateway.metrics_port)
+    assert total(gw, "agw_chat_first_token_milliseconds_count") >= 1
+    assert total(gw, "agw_chat_stage_duration_milliseconds_count", 'stage="retrieval"') >= 1
+    assert total(gw, "agw_rpc_errors_total", 'rpc_grpc_status_code="INVALID_ARGUMENT"') >= 1
+    assert total(gw, "rpc_server_duration_milliseconds_count", "Chat") >= 2
+    assert total(gw, "agw_db_pool_connections", 'state="open"') >= 1
     assert any(k.startswith("agw_channel_in_flight{") for k in gw)
     assert "agw_admission_in_flight" in {k.split("{")[0] for k in gw}
 
-    found = await _scrape(retrieval.metrics_port)
-    assert _total(found, "agw_retrieval_search_duration_milliseconds_count") >= 1
+    found = await scrape(retrieval.metrics_port)
+    assert total(found, "agw_retrieval_search_duration_milliseconds_count") >= 1
 
-    engine = await _scrape(inference_service.metrics_port)
+    engine = await scrape(inference_service.metrics_port)
     for state in ("running", "waiting"):
         assert any(k.startswith("agw_engine_requests{") and f'state="{state}"' in k for k in engine), state
     assert any(k.startswith("agw_engine_kv_cache_usage") for k in engine)
@@ -218,4 +198,4 @@ async def test_every_service_serves_prometheus_metrics(gateway, retrieval, infer
     for samples in (gw, found, engine):
         waits = [v for k, v in samples.items() if k.startswith("agw_process_runqueue_wait_seconds_total{")]
         assert len(waits) == 1 and waits[0] >= 0, samples.keys()
-    assert _total(engine, "rpc_server_duration_milliseconds_count", "Generate") >= 1
+    assert total(engine, "rpc_server_duration_milliseconds_count", "Generate") >= 1
