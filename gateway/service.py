@@ -29,7 +29,6 @@ from servicekit.json_schema import SchemaVerdicts, check_schema
 from servicekit.metrics import counter, gauge, meter
 from servicekit.passthrough import add_service, wrap
 from servicekit.procfs import available_cpus, open_fds
-from servicekit.public_api import AFFINITY_HEADER
 from servicekit.server import Health
 from servicekit.tenancy import DEV_IDENTITY, cache_salt_for, current_tenant, physical_collection, scoped_search
 from gateway.backends import Backends, open_backends
@@ -147,10 +146,9 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
     def _generate_key(self, request: inference_pb2.GenerateRequest, context) -> bytes:
         """Where a Generate goes: the client's ``x-agw-affinity`` key, routed as a session of that id (so a
         session's Generate calls meet its Chat turns), else the prompt's leading text."""
-        for key, value in context.invocation_metadata() or ():
-            if key == AFFINITY_HEADER:
-                self.bounds.affinity(value)
-                return session_key(request.cache_salt, value)
+        affinity = self.bounds.affinity(context)
+        if affinity:
+            return session_key(request.cache_salt, affinity)
         return generate_key(request, self.settings.routing_prefix_chars)
 
     async def Retrieve(self, request, context):

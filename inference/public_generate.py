@@ -33,6 +33,7 @@ class PublicGenerate(PublicPassthrough):
         """
         tenant = current_tenant()
         self.bounds.generate(request)
+        self.bounds.affinity(context)  # the edge routed on it; bounded here as the gateway bounds it
         inner = request.request
         inner.cache_salt = cache_salt_for(self.api.prefix_cache, tenant, inner.cache_salt)
         release = self.admit(tenant)

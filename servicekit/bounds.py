@@ -62,9 +62,14 @@ class Bounds:
             raise InvalidArgument(field, "contains a NUL character (U+0000), which session storage cannot hold; "
                                   "remove it or escape it")
 
-    def affinity(self, value: str) -> None:
-        """The ``x-agw-affinity`` header's key (servicekit.public_api.AFFINITY_HEADER): an identifier."""
-        self._limit(f"{AFFINITY_HEADER} header", len(value), "max_key_chars", "characters")
+    def affinity(self, context) -> str:
+        """The call's ``x-agw-affinity`` key (servicekit.public_api.AFFINITY_HEADER), bounded like an identifier;
+        empty without one."""
+        for key, value in context.invocation_metadata() or ():
+            if key == AFFINITY_HEADER:
+                self._limit(f"{AFFINITY_HEADER} header", len(value), "max_key_chars", "characters")
+                return value
+        return ""
 
     @staticmethod
     def session_id(field: str, value: str) -> None:

@@ -499,7 +499,7 @@ async def test_the_edge_keeps_each_key_on_one_replica_and_spills_a_crowded_one(t
     and sixteen keys use both; and a key whose replica holds far more than the average in flight spills to the
     other (bounded load, --affinity-balance 150). Calls without a key go by load (not checked: least requests
     between idle replicas is a coin toss)."""
-    from agentgw.edge import AFFINITY_HEADER
+    from servicekit.public_api import AFFINITY_HEADER
 
     async with scripted_app(pki.root, replica_name="a", **EDGE) as (a, app_a), \
             scripted_app(pki.root, replica_name="b", **EDGE) as (b, app_b), \
@@ -524,6 +524,11 @@ async def test_the_edge_keeps_each_key_on_one_replica_and_spills_a_crowded_one(t
             assert landed in ((3, 0), (0, 3)), f"key {key}'s calls were split {landed}"
             homes.add(landed)
         assert homes == {(3, 0), (0, 3)}
+        with pytest.raises(grpc.aio.AioRpcError) as caught:  # bounded as the gateway bounds it, by the replica
+            [_ async for _ in generate(_scripted("tokens=2"), metadata=((AFFINITY_HEADER, "k" * 129),), timeout=30)]
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert caught.value.details() == ("x-agw-affinity header: is 129 characters; the limit is 128 "
+                                          "(AGW_GATEWAY_MAX_KEY_CHARS)")
 
         crowded = ((AFFINITY_HEADER, "one-busy-session"),)
         before = placed()
