@@ -72,7 +72,9 @@ async def run(ports: dict[str, int], tls_dir: Path, levels: list[int], n: int) -
             channel = await stack.enter_async_context(open_channel(ChannelSpec(
                 target=f"127.0.0.1:{port}", tls=ClientTls.for_identity(tls_dir, "operator/admin"))))
             await wait_ready(channel, timeout_s=60, target=name)
-            stub = stubs[name] = retrieval_pb2_grpc.RetrievalStub(channel)
+            stubs[name] = retrieval_pb2_grpc.RetrievalStub(channel)
+        # Every service ready before the first ingest: one still loading its model would take CPU from it.
+        for name, stub in stubs.items():
             await stub.CreateCollection(pb.CreateCollectionRequest(collection=pb.Collection(name="docs")), timeout=10)
             started = time.perf_counter()
             await stub.Upsert(pb.UpsertRequest(collection="docs", documents=documents), timeout=300)
