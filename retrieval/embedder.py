@@ -8,6 +8,7 @@ downloaded at run time. Vectors are L2-normalised, so cosine and dot agree.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import os
@@ -22,26 +23,6 @@ from retrieval.batching import MicroBatcher
 
 log = logging.getLogger(__name__)
 
-#: On a CPU with AMX tiles, the smallest pass, in padded characters
-#: (:func:`padded_chars`), whose matrix products run in bfloat16: below it
-#: the tile set-up and casts cost more than they save. all-MiniLM-L6-v2 on
-#: one Sapphire Rapids core, median of 21 passes, bfloat16 / fp32 time: one
-#: 80-character query 1.3x, six 32-character queries 1.03, eight 0.97, ten
-#: 0.83; three 64-character texts 0.97, four 0.91, six 0.77; twelve
-#: 16-character queries 0.78; sixty-four 80-character texts 0.34
-#: (docs/benchmarks.md). The crossover sits at 220-300 padded characters
-#: whatever the texts' length, once each text counts its two special tokens.
-AMX_MIN_PADDED_CHARS = 256
-#: Where the CPU has AVX512_BF16 but no AMX (AMD Zen 4 and 5, Cooper Lake),
-#: oneDNN's bfloat16 kernels win at every size: on one Zen 5 core, one
-#: 8-character query 0.88x fp32's time, one 32-character query 0.76, eight
-#: 0.53, thirty-two 51-character queries 0.37 (docs/benchmarks.md).
-AVX512_BF16_MIN_PADDED_CHARS = 0
-#: What each text adds to a pass beyond its characters: the tokenizer's [CLS]
-#: and [SEP], about eight characters' worth at four characters a token.
-_SPECIAL_TOKEN_CHARS = 8
-
-
 def cpu_bf16_kind() -> str:
     """How this CPU runs PyTorch's bfloat16 matrix products (oneDNN): ``amx``, ``avx512_bf16`` or ``emulated``."""
     import torch
@@ -54,27 +35,63 @@ def cpu_bf16_kind() -> str:
     return "emulated"
 
 
-def padded_chars(texts: Sequence[str]) -> int:
-    """A pass's size as the model sees it, in characters: every text padded to the longest, special tokens in."""
-    return len(texts) * (max(map(len, texts), default=0) + _SPECIAL_TOKEN_CHARS)
-
-
-def bf16_min_padded_chars(mode: str, cpu: str) -> int | None:
-    """The smallest pass (:func:`padded_chars`) run in bfloat16, or ``None`` for fp32 always.
+def runs_in_bf16(mode: str, cpu: str) -> bool:
+    """Whether the embedder's matrix products run in bfloat16 (every pass) or fp32 (every pass).
 
     Args:
         mode: ``AGW_RETRIEVAL_EMBED_BF16``: ``auto`` (where the CPU runs
-            bfloat16 natively), ``on`` (also where it is emulated, and slower:
-            for tests and comparisons) or ``off``.
+            bfloat16 natively: AMX, or AVX512_BF16), ``on`` (also where it is
+            emulated, and slower: for tests and comparisons) or ``off``.
         cpu: :func:`cpu_bf16_kind`'s answer.
     """
     if mode not in ("auto", "on", "off"):
         raise ValueError(f"embed bf16 mode must be auto, on or off (got {mode!r})")
     if cpu not in ("amx", "avx512_bf16", "emulated"):
         raise ValueError(f"unknown CPU bfloat16 kind {cpu!r}")
-    if mode == "off" or (mode == "auto" and cpu == "emulated"):
-        return None
-    return AVX512_BF16_MIN_PADDED_CHARS if cpu == "avx512_bf16" else AMX_MIN_PADDED_CHARS
+    return mode == "on" or (mode == "auto" and cpu != "emulated")
+
+
+@functools.cache
+def _bf16_linear_type():
+    """The bfloat16 linear layer's class, built on first use (torch is imported only where a model loads)."""
+    import torch
+    import torch.nn.functional as F
+
+    class Bf16Linear(torch.nn.Module):
+        """A linear layer whose weights were cast to bfloat16 once: its input is cast, its output stays bfloat16.
+
+        What ``torch.autocast`` does to a linear layer, less the cast of the
+        weights on every pass: all-MiniLM-L6-v2's linear weights are 42 MB in
+        fp32, so a pass of a few queries, which reads each weight once, is
+        bound by memory, and autocast's casts made it slower than fp32
+        (docs/benchmarks.md). The layers around it keep what autocast gives
+        them: a layer norm's input (the residual sum) is fp32, and the pooling
+        and the normalisation run in fp32.
+        """
+
+        def __init__(self, linear: torch.nn.Linear) -> None:
+            super().__init__()
+            self.register_buffer("weight", linear.weight.detach().to(torch.bfloat16))
+            self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(torch.bfloat16))
+
+        def forward(self, x):
+            return F.linear(x.to(torch.bfloat16), self.weight, self.bias)
+
+    return Bf16Linear
+
+
+def cast_linears_to_bf16(module) -> int:
+    """Replace every linear layer under ``module`` by its bfloat16 form (``Bf16Linear``); how many were replaced."""
+    import torch
+
+    replaced = 0
+    for name, child in module.named_children():
+        if isinstance(child, torch.nn.Linear):
+            setattr(module, name, _bf16_linear_type()(child))
+            replaced += 1
+        else:
+            replaced += cast_linears_to_bf16(child)
+    return replaced
 
 
 def default_model_path() -> Path:
@@ -87,11 +104,12 @@ class Embedder:
     """Encodes texts on its own thread pool; build it with :meth:`load`."""
 
     def __init__(self, model, executor: ThreadPoolExecutor, name: str, query_batch: int,
-                 cache_entries: int = 20_000, bf16_min_chars: int | None = None) -> None:
+                 cache_entries: int = 20_000, bf16: bool = False) -> None:
         self._model = model
-        #: The smallest pass (padded characters) whose matrix products run in
-        #: bfloat16; None: every pass in fp32 (:func:`bf16_min_padded_chars`).
-        self.bf16_min_chars = bf16_min_chars
+        #: Whether every pass's matrix products run in bfloat16 (:func:`runs_in_bf16`), the model's linear
+        #: weights cast once at load; otherwise fp32.
+        self.bf16 = bf16
+        self._query_batch = query_batch
         self._executor = executor
         self.name = name
         self._queries = MicroBatcher(self.embed, query_batch)
@@ -111,7 +129,7 @@ class Embedder:
         """Load the model on the embedder's own thread pool.
 
         Args:
-            bf16: ``auto``, ``on`` or ``off`` (:func:`bf16_min_padded_chars`).
+            bf16: ``auto``, ``on`` or ``off`` (:func:`runs_in_bf16`).
         """
         executor = ThreadPoolExecutor(threads, thread_name_prefix="embedder")
         path = Path(model_path) if model_path else None
@@ -131,43 +149,23 @@ class Embedder:
             if not folder.exists():
                 raise FileNotFoundError(f"AGW_EMBED_MODEL: no model folder at {folder}")
             cpu = cpu_bf16_kind()
-            return SentenceTransformer(str(folder), device="cpu"), folder, cpu, bf16_min_padded_chars(bf16, cpu)
+            model = SentenceTransformer(str(folder), device="cpu")
+            half = runs_in_bf16(bf16, cpu)
+            if half:
+                cast_linears_to_bf16(model)
+            return model, folder, cpu, half
 
         started = time.perf_counter()
-        model, folder, cpu, threshold = await asyncio.get_running_loop().run_in_executor(executor, build)
+        model, folder, cpu, half = await asyncio.get_running_loop().run_in_executor(executor, build)
         log.info("embedder %s loaded in %.0f ms; matrix products in %s (CPU bfloat16: %s)", folder.name,
-                 (time.perf_counter() - started) * 1000,
-                 "fp32" if threshold is None else f"bfloat16 for passes of {threshold}+ padded characters", cpu)
-        return cls(model, executor, folder.name, query_batch, cache_entries, bf16_min_chars=threshold)
-
-    @property
-    def bf16(self) -> bool:
-        """Whether some passes (those of :attr:`bf16_min_chars` or more) run in bfloat16."""
-        return self.bf16_min_chars is not None
-
-    def runs_in_bf16(self, texts: Sequence[str]) -> bool:
-        """Whether a pass over ``texts`` runs its matrix products in bfloat16."""
-        return self.bf16_min_chars is not None and padded_chars(texts) >= self.bf16_min_chars
+                 (time.perf_counter() - started) * 1000, "bfloat16" if half else "fp32", cpu)
+        return cls(model, executor, folder.name, query_batch, cache_entries, bf16=half)
 
     def _encode(self, texts: Sequence[str], batch_size: int) -> list[list[float]]:
         self.texts_embedded += len(texts)
-        if self.runs_in_bf16(texts):
-            import torch
-
-            # Autocast, not bfloat16 weights: the matrix products run in bfloat16,
-            # layer norms, softmax and the pooling stay fp32 (cosine 0.99998 to
-            # fp32's vectors, against 0.998 with the weights cast). Thread-local,
-            # so it covers this pass on this thread only.
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                vectors = self._encode_pass(texts, batch_size)
-        else:
-            vectors = self._encode_pass(texts, batch_size)
-        return vectors.tolist()
-
-    def _encode_pass(self, texts: Sequence[str], batch_size: int):
         return self._model.encode(
             list(texts), batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
-        )
+        ).tolist()
 
     async def embed(self, texts: Sequence[str], batch_size: int = 64) -> list[list[float]]:
         """One normalised vector per text, computed on the embedder's thread."""
@@ -212,8 +210,8 @@ class Embedder:
         started = time.perf_counter()
         text = "warm-up: the first real query must not pay for lazy initialisation"
         await self.embed([text])
-        if self.bf16:  # the bfloat16 kernels are built on first use too
-            await self.embed([text] * (self.bf16_min_chars // padded_chars([text]) + 1))
+        # oneDNN builds its kernels for a shape on first use: a full pass of queries too.
+        await self.embed([text] * self._query_batch)
         return (time.perf_counter() - started) * 1000
 
     async def close(self) -> None:

@@ -1,10 +1,9 @@
 """The embedder's bfloat16 passes (AGW_RETRIEVAL_EMBED_BF16), on the bundled model.
 
-A pass may run its matrix products in bfloat16 where the CPU does so
-natively; its vectors must stay where fp32 puts them (ranking unchanged). On
-an AMX CPU a pass under the threshold, such as a single query, must not go
-through it (the casts cost more than they save); with AVX512_BF16 and no AMX
-every pass does. ``auto`` must follow the CPU.
+Where the CPU runs bfloat16 natively, every pass runs its matrix products in
+bfloat16, the model's linear weights cast once at load; its vectors must stay
+where fp32 puts them (ranking unchanged), a lone query's too. ``auto`` must
+follow the CPU.
 """
 
 from __future__ import annotations
@@ -12,8 +11,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from retrieval.embedder import (AMX_MIN_PADDED_CHARS, AVX512_BF16_MIN_PADDED_CHARS, Embedder, bf16_min_padded_chars,
-                                cpu_bf16_kind, padded_chars)
+import torch
+
+from retrieval.embedder import Embedder, cast_linears_to_bf16, cpu_bf16_kind, runs_in_bf16
 from retrieval.settings import RetrievalSettings
 
 pytestmark = pytest.mark.integration
@@ -48,7 +48,6 @@ async def test_a_bf16_pass_keeps_fp32s_vectors_and_ranking(embedders):
     fp32, half = embedders
     assert not fp32.bf16 and half.bf16
     exact, approx = await fp32.embed(TEXTS), await half.embed(TEXTS)
-    assert half.runs_in_bf16(TEXTS) and not fp32.runs_in_bf16(TEXTS)
     assert approx != exact, "the pass did not run in bfloat16"
     cosines = [_dot(a, b) for a, b in zip(exact, approx)]  # normalised vectors: the dot is the cosine
     assert min(cosines) >= 0.9999, cosines
@@ -58,38 +57,45 @@ async def test_a_bf16_pass_keeps_fp32s_vectors_and_ranking(embedders):
     assert ranking(exact)[0] == 1  # the refund text: the model itself still answers
 
 
-async def test_a_pass_under_the_threshold_stays_fp32(embedders, monkeypatch):
+async def test_a_lone_query_runs_in_bf16_too(embedders):
     fp32, half = embedders
-    monkeypatch.setattr(half, "bf16_min_chars", AMX_MIN_PADDED_CHARS)  # what an AMX CPU gets, whatever this one is
-    few = TEXTS[:3]
-    assert padded_chars(few) < AMX_MIN_PADDED_CHARS <= padded_chars(TEXTS)
-    assert not half.runs_in_bf16(few) and not half.runs_in_bf16([QUERY])
-    assert await half.embed(few) == await fp32.embed(few)
-    assert await half.embed_query(QUERY) == (await fp32.embed([QUERY]))[0]
-    assert await half.embed(TEXTS) != await fp32.embed(TEXTS)  # and over it, not
-
-
-async def test_with_no_threshold_a_lone_query_runs_in_bf16(embedders, monkeypatch):
-    fp32, half = embedders
-    monkeypatch.setattr(half, "bf16_min_chars", AVX512_BF16_MIN_PADDED_CHARS)  # an AVX512_BF16 CPU without AMX
-    assert half.runs_in_bf16([QUERY])
     exact, approx = (await fp32.embed([QUERY]))[0], await half.embed_query(QUERY)
     assert approx != exact, "the lone query did not run in bfloat16"
     assert _dot(exact, approx) >= 0.9999
 
 
-@pytest.mark.parametrize(("mode", "cpu", "threshold"), [
-    ("auto", "amx", AMX_MIN_PADDED_CHARS),
-    ("auto", "avx512_bf16", AVX512_BF16_MIN_PADDED_CHARS),
-    ("auto", "emulated", None),
-    ("on", "amx", AMX_MIN_PADDED_CHARS),
-    ("on", "avx512_bf16", AVX512_BF16_MIN_PADDED_CHARS),
-    ("on", "emulated", AMX_MIN_PADDED_CHARS),
-    ("off", "amx", None),
-    ("off", "avx512_bf16", None),
+def test_every_linear_layer_is_cast_once_and_nothing_else():
+    """The weights are cast at load, not on every pass; the layer norms and embeddings stay fp32."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3),
+                                torch.nn.Sequential(torch.nn.Linear(3, 2, bias=False)))
+    weights = [model[0].weight.detach().clone(), model[2][0].weight.detach().clone()]
+    assert cast_linears_to_bf16(model) == 2
+    assert model[0].weight.dtype == model[0].bias.dtype == model[2][0].weight.dtype == torch.bfloat16
+    assert model[2][0].bias is None
+    assert model[1].weight.dtype == torch.float32
+    assert torch.equal(model[0].weight, weights[0].to(torch.bfloat16))
+    x = torch.randn(5, 4)
+    with torch.inference_mode():
+        out = model(x)
+        assert out.dtype == torch.bfloat16  # as under autocast: the last linear's output
+        hidden = torch.nn.functional.linear(x.to(torch.bfloat16), weights[0].to(torch.bfloat16),
+                                            model[0].bias).float()
+        expected = torch.nn.functional.linear(model[1](hidden).to(torch.bfloat16), weights[1].to(torch.bfloat16))
+    assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize(("mode", "cpu", "bf16"), [
+    ("auto", "amx", True),
+    ("auto", "avx512_bf16", True),
+    ("auto", "emulated", False),
+    ("on", "amx", True),
+    ("on", "avx512_bf16", True),
+    ("on", "emulated", True),
+    ("off", "amx", False),
+    ("off", "avx512_bf16", False),
 ])
-def test_the_threshold_follows_the_mode_and_the_cpu(mode, cpu, threshold):
-    assert bf16_min_padded_chars(mode, cpu) == threshold
+def test_bf16_follows_the_mode_and_the_cpu(mode, cpu, bf16):
+    assert runs_in_bf16(mode, cpu) is bf16
 
 
 async def test_auto_follows_this_cpu_and_bad_values_are_refused(monkeypatch):
@@ -97,13 +103,13 @@ async def test_auto_follows_this_cpu_and_bad_values_are_refused(monkeypatch):
     assert kind in ("amx", "avx512_bf16", "emulated")
     auto = await Embedder.load(None, bf16="auto")
     try:
-        assert auto.bf16_min_chars == bf16_min_padded_chars("auto", kind)
+        assert auto.bf16 is runs_in_bf16("auto", kind)
     finally:
         await auto.close()
     with pytest.raises(ValueError, match="auto, on or off"):
-        bf16_min_padded_chars("yes", kind)
+        runs_in_bf16("yes", kind)
     with pytest.raises(ValueError, match="unknown CPU bfloat16 kind"):
-        bf16_min_padded_chars("auto", "avx2")
+        runs_in_bf16("auto", "avx2")
     monkeypatch.setenv("AGW_RETRIEVAL_EMBED_BF16", "fast")
     with pytest.raises(ValidationError, match="embed_bf16"):
         RetrievalSettings()

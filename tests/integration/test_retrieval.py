@@ -285,9 +285,9 @@ async def test_concurrent_queries_share_embedding_passes_and_keep_their_own_hits
     together = await asyncio.gather(*(_search(stub, text=q, top_k=3) for q in queries))
     # Fewer forward passes than queries: those that arrived during a pass shared the next.
     assert embedder.query_passes - passes < len(queries)
-    # A shared pass of several queries may run in bfloat16 where a lone query does not (AGW_RETRIEVAL_EMBED_BF16
-    # on an AMX CPU), or both in bfloat16 but padded to other lengths (AVX512_BF16): its scores then move by a few
-    # 1e-4 (3.4e-4 seen), still far less than two queries' differ.
+    # In bfloat16 (AGW_RETRIEVAL_EMBED_BF16 where the CPU runs it natively) a shared pass pads a query to another
+    # length than its lone pass does, and its scores then move by a few 1e-4 (3.4e-4 seen), still far less than
+    # two queries' differ.
     tolerance = 2e-3 if embedder.bf16 else 1e-4
     for one, batched in zip(alone, together):
         assert {h.id for h in batched.results} == {h.id for h in one.results}
