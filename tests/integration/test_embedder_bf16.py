@@ -65,22 +65,23 @@ async def test_a_lone_query_runs_in_bf16_too(embedders):
 
 
 def test_every_linear_layer_is_cast_once_and_nothing_else():
-    """The weights are cast at load, not on every pass; the layer norms and embeddings stay fp32."""
-    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3),
-                                torch.nn.Sequential(torch.nn.Linear(3, 2, bias=False)))
-    weights = [model[0].weight.detach().clone(), model[2][0].weight.detach().clone()]
+    """The weights are cast at load, not on every pass; the layer norms stay fp32."""
+    model = torch.nn.ModuleDict({"first": torch.nn.Linear(4, 3), "norm": torch.nn.LayerNorm(3),
+                                 "inner": torch.nn.Sequential(torch.nn.Linear(3, 2, bias=False))})
+    first, second = model["first"].weight.detach().clone(), model["inner"][0].weight.detach().clone()
+    bias = model["first"].bias.detach().clone()
     assert cast_linears_to_bf16(model) == 2
-    assert model[0].weight.dtype == model[0].bias.dtype == model[2][0].weight.dtype == torch.bfloat16
-    assert model[2][0].bias is None
-    assert model[1].weight.dtype == torch.float32
-    assert torch.equal(model[0].weight, weights[0].to(torch.bfloat16))
+    cast_first, cast_second = model["first"], model["inner"][0]
+    assert cast_first.weight.dtype == cast_first.bias.dtype == cast_second.weight.dtype == torch.bfloat16
+    assert cast_second.bias is None
+    assert model["norm"].weight.dtype == torch.float32
     x = torch.randn(5, 4)
     with torch.inference_mode():
-        out = model(x)
-        assert out.dtype == torch.bfloat16  # as under autocast: the last linear's output
-        hidden = torch.nn.functional.linear(x.to(torch.bfloat16), weights[0].to(torch.bfloat16),
-                                            model[0].bias).float()
-        expected = torch.nn.functional.linear(model[1](hidden).to(torch.bfloat16), weights[1].to(torch.bfloat16))
+        out = cast_second(cast_first(x))
+        assert out.dtype == torch.bfloat16  # as under autocast: a linear's output stays bfloat16
+        bf16 = torch.bfloat16
+        expected = torch.nn.functional.linear(
+            torch.nn.functional.linear(x.to(bf16), first.to(bf16), bias.to(bf16)), second.to(bf16))
     assert torch.equal(out, expected)
 
 
