@@ -68,7 +68,12 @@ async def test_a_slow_client_gets_fewer_larger_deltas_with_the_same_text(stack):
             deltas.append(event.delta.text)
         await asyncio.sleep(0.01)  # a slow reader
     assert "".join(deltas) == _expected(tokens, pad)
-    assert len(deltas) < tokens / 2, f"{len(deltas)} messages for {tokens} deltas: nothing was merged"
+    # Behind a write that waits, deltas merge up to the pending cap (64 KiB: four of these); the delta after a
+    # merged write goes alone, since no write is then in flight. So about 2.5 deltas a message on a quiet
+    # machine (120-137 messages seen), fewer merged on a loaded one (151 seen); nothing merged is 300.
+    assert len(deltas) < tokens * 0.8, f"{len(deltas)} messages for {tokens} deltas: too little was merged"
+    largest = max(len(delta) for delta in deltas) // len(_expected(1, pad))
+    assert largest >= 3, f"the largest message holds {largest} deltas: nothing filled the pending cap"
     assert kinds[-1] == "final" and "final" not in kinds[:-1]
 
 
