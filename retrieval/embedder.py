@@ -150,16 +150,16 @@ class Embedder:
                 raise FileNotFoundError(f"AGW_EMBED_MODEL: no model folder at {folder}")
             cpu = cpu_bf16_kind()
             model = SentenceTransformer(str(folder), device="cpu")
-            half = runs_in_bf16(bf16, cpu)
-            if half:
+            in_bf16 = runs_in_bf16(bf16, cpu)
+            if in_bf16:
                 cast_linears_to_bf16(model)
-            return model, folder, cpu, half
+            return model, folder, cpu, in_bf16
 
         started = time.perf_counter()
-        model, folder, cpu, half = await asyncio.get_running_loop().run_in_executor(executor, build)
+        model, folder, cpu, in_bf16 = await asyncio.get_running_loop().run_in_executor(executor, build)
         log.info("embedder %s loaded in %.0f ms; matrix products in %s (CPU bfloat16: %s)", folder.name,
-                 (time.perf_counter() - started) * 1000, "bfloat16" if half else "fp32", cpu)
-        return cls(model, executor, folder.name, query_batch, cache_entries, bf16=half)
+                 (time.perf_counter() - started) * 1000, "bfloat16" if in_bf16 else "fp32", cpu)
+        return cls(model, executor, folder.name, query_batch, cache_entries, bf16=in_bf16)
 
     def _encode(self, texts: Sequence[str], batch_size: int) -> list[list[float]]:
         self.texts_embedded += len(texts)

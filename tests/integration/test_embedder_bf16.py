@@ -9,9 +9,8 @@ follow the CPU.
 from __future__ import annotations
 
 import pytest
-from pydantic import ValidationError
-
 import torch
+from pydantic import ValidationError
 
 from retrieval.embedder import Embedder, cast_linears_to_bf16, cpu_bf16_kind, runs_in_bf16
 from retrieval.settings import RetrievalSettings
