@@ -210,8 +210,8 @@ class Embedder:
         started = time.perf_counter()
         text = "warm-up: the first real query must not pay for lazy initialisation"
         await self.embed([text])
-        # oneDNN builds its kernels for a shape on first use: a full pass of queries too.
-        await self.embed([text] * self._query_batch)
+        if self.bf16:  # oneDNN builds its bfloat16 kernels for a shape on first use: a full pass of queries too
+            await self.embed([text] * self._query_batch)
         return (time.perf_counter() - started) * 1000
 
     async def close(self) -> None:
