@@ -105,7 +105,10 @@ def _steps(context, settings: GatewaySettings) -> dict[str, Callable[[], object]
         "admission (one-hop call: on the server span)": admission,
         "admission as a span (Chat's stage)": admission_stage,
         "bounds.retrieve": lambda: bounds.retrieve(request),
-        "tenant scoping and clamp": lambda: scoped_search(settings, current_tenant(), request),
+        # Scoping takes the request's own search over (in place), so each repeat scopes a freshly decoded one:
+        # subtract "decode the request" for the scoping alone.
+        "decode, then tenant scoping and clamp": lambda: scoped_search(
+            settings, current_tenant(), pb.RetrieveRequest.FromString(serialised)),
         "backend deadline": lambda: deadlines.for_call(context),
         "outgoing trace metadata": outgoing_metadata,
         "wrap the response": lambda: wrap(_RESPONSE_FIELD, payload),

@@ -20,6 +20,11 @@ median p50 and its paired difference from the plain Envoy:
   it: the backend's public handler (the forwarded certificate's authorization,
   the bounds, the tenant's scoping, the wrap) with no Envoy at all.
 
+Next to each path's latency it reports the retrieval process's CPU per call
+(every thread's on-CPU time from ``/proc/<pid>/task/*/schedstat``, in
+nanoseconds, summed over the rounds): what the backend's own work per call
+costs, with less of the host's noise than a latency.
+
     python bench/edge_unary_paths.py [--rounds 8] [--calls 300]
 """
 
@@ -45,6 +50,7 @@ from agentgw.edge_process import envoy_binary
 from gateway_overhead import COLLECTION, DIM, envoy_config
 from servicekit import ChannelSpec, ClientTls, open_channel, wait_ready
 from servicekit.forwarded import XFCC_HEADER
+from servicekit.procfs import thread_cpu_s
 from servicekit.tenancy import physical_collection
 from tests.support.servers import free_port
 
@@ -90,8 +96,14 @@ async def seed(tls: Path, port: int) -> None:
             for i in range(200)]), timeout=60)
 
 
-async def measure(tls: Path, ports: dict[str, int], rounds: int, calls: int) -> dict[str, list[float]]:
-    """Each round: ``calls`` calls at c=1 on each path in turn; per path, each round's p50 (ms)."""
+def _process_cpu_s(pid: int) -> float:
+    return sum(thread_cpu_s(pid).values())
+
+
+async def measure(tls: Path, ports: dict[str, int], rounds: int, calls: int,
+                  backend_pid: int) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Each round: ``calls`` calls at c=1 on each path in turn; per path, each round's p50 (ms), and the
+    backend process's CPU per call over all rounds (µs)."""
     def channel(port: int, identity: str):
         return open_channel(ChannelSpec(target=f"127.0.0.1:{port}", tls=ClientTls.for_identity(tls, identity)))
 
@@ -117,22 +129,25 @@ async def measure(tls: Path, ports: dict[str, int], rounds: int, calls: int) -> 
             retrieve, timeout=10, metadata=forwarded),
     }
     p50s: dict[str, list[float]] = {name: [] for name in paths}
+    cpu_s = dict.fromkeys(paths, 0.0)
     for call in paths.values():  # warm every path
         for _ in range(100):
             await call()
     for index in range(rounds):
         for name, call in paths.items():
             latencies = []
+            used = _process_cpu_s(backend_pid)
             for _ in range(calls):
                 started = time.perf_counter()
                 await call()
                 latencies.append((time.perf_counter() - started) * 1000)
+            cpu_s[name] += _process_cpu_s(backend_pid) - used
             p50s[name].append(statistics.median(latencies))
         print(f"round {index + 1}: " + ", ".join(f"{name} {values[-1]:.3f}" for name, values in p50s.items()),
               flush=True)
     for ch in channels.values():
         await ch.close()
-    return p50s
+    return p50s, {name: seconds / (rounds * calls) * 1e6 for name, seconds in cpu_s.items()}
 
 
 def main() -> int:
@@ -153,21 +168,22 @@ def main() -> int:
                    edge_variant(tls, root / "edge-nobuffer", ports["edge-nobuffer"], ports["retrieval"], buffer=False),
                    edge_variant(tls, root / "edge-nostrip", ports["edge-nostrip"], ports["retrieval"], strip=False)]
         asyncio.run(seed(tls, ports["retrieval"]))
-        p50s = asyncio.run(measure(tls, ports, args.rounds, args.calls))
+        p50s, cpu_us = asyncio.run(measure(tls, ports, args.rounds, args.calls, retrieval.pid))
     finally:
         for proxy in proxies:
             proxy.terminate()
             proxy.wait()
         retrieval.stop()
     print(f"\nc=1, {args.calls} calls per path and round, {args.rounds} rounds; medians of the rounds' p50s")
-    print(f"{'path':14} {'p50 ms':>8} {'added ms':>9} {'vs envoy, paired ms':>20}")
+    print(f"{'path':14} {'p50 ms':>8} {'added ms':>9} {'vs envoy, paired ms':>20} {'retrieval cpu us/call':>22}")
     for name, values in p50s.items():
         added = statistics.median(v - d for v, d in zip(values, p50s["direct"]))
         paired = statistics.median(v - e for v, e in zip(values, p50s["envoy"]))
-        print(f"{name:14} {statistics.median(values):8.3f} {added:+9.3f} {paired:+20.3f}")
+        print(f"{name:14} {statistics.median(values):8.3f} {added:+9.3f} {paired:+20.3f} {cpu_us[name]:22.1f}")
     print(f"command: python bench/edge_unary_paths.py --rounds {args.rounds} --calls {args.calls}")
     if args.json:
-        args.json.write_text(json.dumps({"rounds": args.rounds, "calls": args.calls, "p50s": p50s}, indent=2))
+        args.json.write_text(json.dumps({"rounds": args.rounds, "calls": args.calls, "p50s": p50s,
+                                         "retrieval_cpu_us_per_call": cpu_us}, indent=2))
     return 0
 
 

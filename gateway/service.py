@@ -155,6 +155,7 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
         """A passthrough: the retrieval service's SearchResponse goes out as the bytes it sent."""
         tenant = self._tenant(context)
         self.bounds.retrieve(request)
+        asked = request.request.collection
         search = scoped_search(self.settings, tenant, request)
         with ExitStack() as slot:
             self._admit(slot, tenant)
@@ -162,7 +163,7 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
                 response = await self.backends.search_bytes(search, context)
             except ServiceError as exc:
                 if exc.code == grpc.StatusCode.NOT_FOUND:
-                    raise NotFound(f"collection {request.request.collection!r} does not exist") from None
+                    raise NotFound(f"collection {asked!r} does not exist") from None
                 raise
         return wrap(_RESPONSE_FIELD, response)
 

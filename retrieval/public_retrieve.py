@@ -26,13 +26,14 @@ class PublicRetrieve(PublicPassthrough):
     async def Retrieve(self, request: gateway_pb2.RetrieveRequest, context):
         tenant = current_tenant()
         self.bounds.retrieve(request)
+        asked = request.request.collection
         search = scoped_search(self.api, tenant, request)
         release = self.admit(tenant)
         try:
             return await self.servicer.Search(search, context)
         except ServiceError as exc:
             if exc.code == grpc.StatusCode.NOT_FOUND:  # named as the tenant named it, not by its physical name
-                raise NotFound(f"collection {request.request.collection!r} does not exist") from None
+                raise NotFound(f"collection {asked!r} does not exist") from None
             raise
         finally:
             release()

@@ -190,3 +190,33 @@ async def test_a_stream_ended_as_its_request_was_written_reports_the_backends_st
             assert "inference service ended the call as its request was sent; retry shortly" in refused.value.message
     finally:
         await pool.channels[0].channel.close()
+
+
+def test_a_policy_decides_each_identity_and_method_once_and_keeps_them_apart():
+    from servicekit.authz import Policy
+    from servicekit.identity import Identity
+
+    retrieve = "/agent.gateway.v1.AgentGateway/Retrieve"
+    policy = Policy(["service/*"], {retrieve: ["tenant/*"]})
+    tenant, gateway = Identity.tenant("dev"), Identity.service("gateway")
+    for _ in range(3):  # the second and third answers come from the cache, and must be the first's
+        assert policy.allows(tenant, retrieve) and not policy.allows(tenant, "/agent.retrieval.v1.Retrieval/Search")
+        assert policy.allows(gateway, "/agent.retrieval.v1.Retrieval/Search") and not policy.allows(gateway, retrieve)
+    for index in range(5000):  # bounded: a flood of new identities does not grow it without end
+        policy.allows(Identity.tenant(f"t{index}"), retrieve)
+    assert len(policy._decided) <= 4096
+    assert policy.allows(tenant, retrieve) and not policy.allows(gateway, retrieve)
+
+
+def test_scoping_takes_the_requests_own_search_over_and_clamps_it():
+    from agent.gateway.v1 import gateway_pb2
+    from agent.retrieval.v1 import retrieval_pb2
+    from servicekit.public_api import PublicApiSettings
+    from servicekit.tenancy import scoped_search
+
+    request = gateway_pb2.RetrieveRequest(request=retrieval_pb2.SearchRequest(
+        collection="docs", vector=retrieval_pb2.Vector(values=[0.5] * 4), top_k=3, exact=True, hnsw_ef=10_000))
+    search = scoped_search(PublicApiSettings(), "dev", request)
+    assert search is request.request  # no copy of the query vector
+    assert (search.collection, search.exact, search.hnsw_ef) == ("t3-dev-docs", False, 512)
+    assert list(search.vector.values) == [0.5] * 4 and search.top_k == 3
