@@ -1,0 +1,54 @@
+"""The embedder's passes call the model's modules directly: its vectors must be ``encode()``'s, to the bit.
+
+``retrieval.embedder.Embedder._encode`` skips ``SentenceTransformer.encode``'s
+per-call bookkeeping; what it computes must not change: the same vectors for a
+lone query, a pass of queries, passages of mixed lengths, and more texts than
+one pass holds (in their order), on the bundled all-MiniLM-L6-v2 in fp32.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from retrieval.embedder import Embedder
+
+pytestmark = pytest.mark.integration
+
+PASSAGES = [
+    "The gateway keeps long-lived mTLS channels to every backend.",
+    "Refunds are issued within five business days of the return, " * 12,
+    "vLLM's prefix cache reuses the KV blocks of a shared system prompt.",
+    "ok",
+    "Postgres stores each turn in one transaction, both messages or neither. " * 5,
+]
+
+
+@pytest.fixture(scope="module")
+async def embedder():
+    loaded = await Embedder.load(None, bf16="off")
+    yield loaded
+    await loaded.close()
+
+
+def _encoded(embedder: Embedder, texts: list[str]) -> list[list[float]]:
+    return embedder._model.encode(texts, normalize_embeddings=True, convert_to_numpy=True,
+                                  show_progress_bar=False).tolist()
+
+
+@pytest.mark.parametrize("texts", [
+    ["how long does a refund take?"],
+    [f"question {i}: how do I rotate the certificates of service {i}?" for i in range(32)],
+    PASSAGES,
+], ids=["lone query", "a pass of 32 queries", "passages of mixed lengths"])
+async def test_the_vectors_are_encodes_to_the_bit(embedder, texts):
+    assert await embedder.embed(texts) == _encoded(embedder, texts)
+
+
+async def test_more_texts_than_a_pass_holds_come_back_in_order(embedder):
+    before = embedder.texts_embedded
+    vectors = await embedder.embed(PASSAGES, batch_size=2)  # three passes: 2, 2 and 1
+    # Each pass's vectors, as encode() gives them for the same texts together (a text's batch-mates set the
+    # padding, and with it the last bits).
+    assert vectors == [*_encoded(embedder, PASSAGES[0:2]), *_encoded(embedder, PASSAGES[2:4]),
+                       *_encoded(embedder, PASSAGES[4:5])]
+    assert embedder.texts_embedded - before == len(PASSAGES)
