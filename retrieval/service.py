@@ -120,7 +120,8 @@ class RetrievalApp:
                                             timeout_s=settings.qdrant_timeout_s)
                 log.info("store: Qdrant server at %s (gRPC preferred)", settings.qdrant_url)
             else:
-                store = await EdgeStore.open(settings.edge_dir, settings.store_threads)
+                store = await EdgeStore.open(settings.edge_dir, settings.store_threads,
+                                             settings.search_threads or None)
                 log.info("store: Qdrant Edge in-process at %s", settings.edge_dir)
             stack.push_async_callback(store.close)
             embedder = await Embedder.load(settings.embed_model, settings.embed_threads, settings.embed_torch_threads,

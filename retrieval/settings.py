@@ -50,6 +50,9 @@ class RetrievalSettings(ServiceSettings, PublicApiSettings):
         "AVX512_BF16 as on AMD Zen 4/5), every pass (on an AMX core a lone query 0.85x fp32's time, a pass of 32 "
         "0.5x); elsewhere bfloat16 is emulated and slower, so fp32. on: also where emulated. off: fp32 always.")
     store_threads: int = Field(2, gt=0, description="Threads that run Qdrant Edge calls off the event loop.")
+    search_threads: int = Field(
+        1, ge=0, description="Threads in each Qdrant Edge collection's search pool; 0: Qdrant's default, from the "
+        "CPU count (on 2 cores it doubled a search's CPU; docs/benchmarks.md).")
     upsert_chunk: int = Field(256, gt=0, description="Documents written per store call on upsert.")
     max_upsert_documents: int = Field(10_000, gt=0, description="Most documents in one Upsert request.")
     max_collections_per_tenant: int = Field(

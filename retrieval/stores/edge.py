@@ -6,6 +6,13 @@ Rust; every one runs on the store's thread pool, never on the event loop.
 Writes to a collection are serialised by a lock; reads run concurrently.
 Edge builds its HNSW index only when asked (``optimize``), so the store marks
 a collection dirty on write and optimises before tuning or on demand.
+
+Each shard reads its segments on a search pool of its own. Qdrant's default
+sizes it from the CPU count (8 threads on 2 cores), and waking them costs
+more than the reads: on 2 cores a pool of one thread halved a search's CPU
+and cut its p99 under two concurrent searches from 4-6 ms to 0.5 ms
+(docs/benchmarks.md, "Qdrant Edge's search pool"). ``search_threads`` sets
+it, for new and loaded shards alike.
 """
 
 from __future__ import annotations
@@ -49,6 +56,10 @@ def edge_filter(payload_filter: PayloadFilter) -> qe.Filter | None:
     )
 
 
+def _vectors(spec: CollectionSpec) -> qe.EdgeVectorParams:
+    return qe.EdgeVectorParams(size=spec.vector_size, distance=_DISTANCE[spec.distance])
+
+
 class _Collection:
     def __init__(self, folder: Path, shard: qe.EdgeShard, spec: CollectionSpec) -> None:
         self.folder = folder
@@ -61,21 +72,30 @@ class _Collection:
 class EdgeStore:
     """Collections as Qdrant Edge shards under one folder."""
 
-    def __init__(self, root: Path, executor: ThreadPoolExecutor) -> None:
+    def __init__(self, root: Path, executor: ThreadPoolExecutor, search_threads: int | None = 1) -> None:
         self._root = root
         self._executor = executor
+        #: Each shard's search pool (None: Qdrant's CPU-derived default).
+        self._search_threads = search_threads
         self._collections: dict[str, _Collection] = {}
         self._registry_lock = asyncio.Lock()
 
     @classmethod
-    async def open(cls, root: Path, threads: int = 2) -> EdgeStore:
-        """Open (or create) the store and load every collection in it."""
-        store = cls(root, ThreadPoolExecutor(threads, thread_name_prefix="qdrant-edge"))
+    async def open(cls, root: Path, threads: int = 2, search_threads: int | None = 1) -> EdgeStore:
+        """Open (or create) the store and load every collection in it.
+
+        Args:
+            threads: the store's own pool, which keeps Edge calls off the event loop.
+            search_threads: each shard's search pool (None: Qdrant's default, from the CPU count).
+        """
+        store = cls(root, ThreadPoolExecutor(threads, thread_name_prefix="qdrant-edge"), search_threads)
         await store._run(root.mkdir, 0o700, True, True)
         for meta in sorted(root.glob("*/collection.json")):
             folder = meta.parent
             spec = CollectionSpec(**_decode(json.loads(meta.read_text())))
-            shard = await store._run(qe.EdgeShard.load, str(folder / "shard"))
+            # The rest comes from the shard (checked against these vectors); the search pool is this process's.
+            shard = await store._run(qe.EdgeShard.load, str(folder / "shard"),
+                                     qe.EdgeConfig(vectors=_vectors(spec), max_search_threads=search_threads))
             store._collections[spec.name] = _Collection(folder, shard, spec)
         log.info("Qdrant Edge at %s: %d collections", root, len(store._collections))
         return store
@@ -97,11 +117,12 @@ class EdgeStore:
             if folder.exists():  # debris of a crashed create
                 await self._run(shutil.rmtree, folder)
             config = qe.EdgeConfig(
-                vectors=qe.EdgeVectorParams(size=spec.vector_size, distance=_DISTANCE[spec.distance]),
+                vectors=_vectors(spec),
                 hnsw_config=qe.HnswIndexConfig(
                     m=spec.hnsw_m, ef_construct=spec.hnsw_ef_construct, full_scan_threshold=FULL_SCAN_THRESHOLD_KB
                 ),
                 optimizers=qe.EdgeOptimizersConfig(indexing_threshold=FULL_SCAN_THRESHOLD_KB),
+                max_search_threads=self._search_threads,
             )
             shard = await self._run(qe.EdgeShard.create, str(folder / "shard"), config)
             await self._run(_write_json, folder / "collection.json", _encode(spec))

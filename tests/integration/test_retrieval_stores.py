@@ -7,6 +7,7 @@ API-level peer available without a server.
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -123,5 +124,29 @@ async def test_edge_store_survives_a_restart(tmp_path):
     try:
         spec, count = await reopened.get_collection("kept")
         assert (spec.vector_size, count) == (DIM, 20)
+    finally:
+        await reopened.close()
+
+
+def _search_pool_threads() -> int:
+    """Threads of this process in Qdrant Edge's search pools (named ``edge-search-<n>``)."""
+    names = (task / "comm" for task in Path("/proc/self/task").iterdir())
+    return sum(1 for name in names if name.exists() and name.read_text().startswith("edge-search"))
+
+
+async def test_each_collection_gets_the_search_pool_it_is_given_created_and_loaded(tmp_path):
+    before = _search_pool_threads()
+    edge = await EdgeStore.open(tmp_path / "edge", search_threads=1)
+    await edge.create_collection(CollectionSpec(name="kept", vector_size=DIM))
+    await edge.upsert("kept", _points(20))
+    hits = await edge.search("kept", SearchQuery(vector=[0.1] * DIM, limit=3, payload_fields=None))
+    assert len(hits) == 3
+    assert _search_pool_threads() - before == 1  # Qdrant's own default is one per CPU or more
+    await edge.close()
+    before = _search_pool_threads()
+    reopened = await EdgeStore.open(tmp_path / "edge", search_threads=2)  # a loaded shard takes this process's
+    try:
+        assert len(await reopened.search("kept", SearchQuery(vector=[0.1] * DIM, limit=3, payload_fields=None))) == 3
+        assert _search_pool_threads() - before == 2
     finally:
         await reopened.close()
