@@ -72,7 +72,7 @@ class _Collection:
 class EdgeStore:
     """Collections as Qdrant Edge shards under one folder."""
 
-    def __init__(self, root: Path, executor: ThreadPoolExecutor, search_threads: int | None = 1) -> None:
+    def __init__(self, root: Path, executor: ThreadPoolExecutor, search_threads: int | None) -> None:
         self._root = root
         self._executor = executor
         #: Each shard's search pool (None: Qdrant's CPU-derived default).
