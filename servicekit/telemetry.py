@@ -66,6 +66,14 @@ def configure_tracing(service: str, version: str = "0.1.0", *, trace_file: Path 
     return provider
 
 
+def spans_recorded(provider: trace.TracerProvider | None = None) -> bool:
+    """Whether ``provider`` (this process's, by default) may record spans: False only for one that samples
+    none, as :func:`configure_tracing` installs with nothing to read them. Instrumentation that would only
+    build unsampled spans (a client library's, per query) can then stay off."""
+    provider = provider or trace.get_tracer_provider()
+    return not (isinstance(provider, TracerProvider) and provider.sampler is ALWAYS_OFF)
+
+
 #: Seconds one export may take, retries included, unless OTEL_EXPORTER_OTLP_[TRACES_]TIMEOUT says.
 #: The OpenTelemetry default (10 s) is what a process's shutdown flush waited
 #: on when the collector was down; telemetry must not hold a drain that long.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
@@ -23,8 +24,8 @@ async def fresh_database(database_url):
     name = f"agw_test_{uuid.uuid4().hex[:12]}"
     admin = await asyncpg.connect(database_url)
     await admin.execute(f'CREATE DATABASE "{name}"')
-    base, _, _ = database_url.rpartition("/")
-    yield f"{base}/{name}"
+    # The path names the database; the query may hold a socket directory (pgserver's URLs do).
+    yield urlsplit(database_url)._replace(path=f"/{name}").geturl()
     await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
     await admin.close()
 
@@ -114,6 +115,28 @@ async def test_a_slow_command_is_unavailable_naming_the_command_timeout_not_the_
                 await connection.execute("SELECT pg_sleep(2)")
         async with database.connection() as connection:  # the connection went back to the pool, usable
             assert await connection.fetchval("SELECT 1") == 1
+
+
+async def test_a_release_sends_nothing_yet_rolls_back_an_open_transaction(database_url):
+    """The pool's connections skip asyncpg's reset query (a round trip per release), and still lose what an
+    abandoned transaction did."""
+    async with open_database(database_url, min_size=1, max_size=1, acquire_timeout_s=5,
+                             command_timeout_s=5, statement_cache_size=100) as database:
+        sent = []
+        async with database.connection() as connection:
+            pid = await connection.fetchval("SELECT pg_backend_pid()")
+            connection.add_query_logger(lambda record: sent.append(record.query))
+        assert sent == []  # released without a query
+        session_id = uuid.uuid4()
+        async with database.connection() as connection:
+            connection.add_query_logger(lambda record: sent.append(record.query))
+            await connection.execute("BEGIN")  # unmanaged, as a cancelled operation could leave it
+            await connection.execute("INSERT INTO agw_sessions (id, tenant) VALUES ($1, 'dev')", session_id)
+        assert sent[-1] == "ROLLBACK"
+        async with database.connection() as connection:
+            assert await connection.fetchval("SELECT pg_backend_pid()") == pid  # the same pooled connection
+            assert not connection.is_in_transaction()
+            assert await connection.fetchval("SELECT count(*) FROM agw_sessions WHERE id = $1", session_id) == 0
 
 
 async def test_connections_killed_by_the_server_do_not_fail_the_next_call(database_url):

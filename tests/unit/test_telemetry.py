@@ -16,14 +16,15 @@ SCRIPT = """
 import json, sys
 from pathlib import Path
 from opentelemetry import trace
-from servicekit.telemetry import configure_tracing
+from servicekit.telemetry import configure_tracing, spans_recorded
 configure_tracing("test", trace_file=Path(sys.argv[1]) if sys.argv[1] else None)
 span = trace.get_tracer("test").start_span("call")
-print(json.dumps([span.is_recording(), span.get_span_context().is_valid]))
+print(json.dumps([span.is_recording(), span.get_span_context().is_valid, spans_recorded()]))
 """
 
 
 def _span(trace_file: str) -> list[bool]:
+    """[the span is recorded, it has a trace id, spans_recorded()]"""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     out = subprocess.run([sys.executable, "-c", SCRIPT, trace_file], env=env, check=True, capture_output=True,
                          text=True).stdout
@@ -31,8 +32,9 @@ def _span(trace_file: str) -> list[bool]:
 
 
 def test_without_a_collector_or_a_file_no_span_is_recorded_but_every_call_has_a_trace_id():
-    assert _span("") == [False, True]
+    # ... and instrumentation that would only build unsampled spans (asyncpg's, per query) can tell.
+    assert _span("") == [False, True, False]
 
 
 def test_with_a_trace_file_spans_are_recorded(tmp_path):
-    assert _span(str(tmp_path / "spans.jsonl")) == [True, True]
+    assert _span(str(tmp_path / "spans.jsonl")) == [True, True, True]
