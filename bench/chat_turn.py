@@ -18,6 +18,16 @@ client's own event-loop lag, since the client shares the host's cores. Levels 1,
 and 64 by default; the gateway runs with its default admission bounds
 (AGW_GATEWAY_MAX_IN_FLIGHT 64 per worker, half of it per tenant).
 
+The direct prompt's parts are had without load that no real client adds (until
+2026-12-05 the bench listed the session's messages and searched again, through
+the gateway, before every turn: one more call on the gateway and Postgres, and
+one more query on retrieval, where Chat's own stage waited behind it). Its
+retrieved context is searched once per question before the levels run (the
+collection does not change during a run); its history is kept here from what
+each Chat turn streamed, as the gateway stores it. Both are checked: each Chat
+turn's own context (its ``context`` event), and each session's stored messages
+once its level is done; the report counts the turns and sessions that differ.
+
 ``--side-by-side early`` adds a second gateway with
 AGW_GATEWAY_OPEN_GENERATE_EARLY off (a plain Generate call once the prompt is
 ready); ``--side-by-side prefill``, one with AGW_GATEWAY_PREFILL_PREFIX off
@@ -43,22 +53,24 @@ import os
 import grpc
 import statistics
 import time
+from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
 
-from harness import (UNBOUNDED_ADMISSION, backend_processes, command_line, dev_pki, gateway_process, print_table,
-                     scratch_dir, summary, write_json)
+from harness import (UNBOUNDED_ADMISSION, CpuMeter, backend_processes, command_line, dev_pki, gateway_process,
+                     print_table, scratch_dir, summary, write_json)
 
 from agent.gateway.v1 import gateway_pb2 as pb
 from agent.gateway.v1 import gateway_pb2_grpc
 from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from agent.retrieval.v1 import retrieval_pb2
+from gateway.chat import estimate_tokens
 from gateway.history import history_window
 from gateway.settings import GatewaySettings
 from retrieval.convert import passage_to_proto
 from retrieval.ingest import sample_corpus
 from servicekit import ChannelSpec, ClientTls, load_settings, open_channel, wait_ready
-from servicekit.procfs import thread_runqueue_wait_s
+from servicekit.procfs import descendants, thread_runqueue_wait_s
 from servicekit.server import lower_priority
 from servicekit.tasks import cancel_and_wait
 
@@ -75,21 +87,63 @@ def _documents() -> list[retrieval_pb2.Document]:
     return [passage_to_proto(passage) for passage in sample_corpus(max_per_topic=2)[:120]]
 
 
+def context_block(documents) -> str:
+    """The passages as the gateway's prompt numbers them (``gateway.prompt.user_turn``)."""
+    return "\n".join(f"[{i + 1}] {d.payload['text']}" for i, d in enumerate(documents))
+
+
+async def question_contexts(gateway, questions) -> dict[str, str]:
+    """Each question's retrieved passages, searched once (untimed), for the direct path's prompts."""
+    contexts = {}
+    for question in questions:
+        hits = (await gateway.Retrieve(pb.RetrieveRequest(request=retrieval_pb2.SearchRequest(
+            collection="docs", text=question, top_k=3, payload_fields=["text"])), timeout=30)).response.results
+        contexts[question] = context_block(hits)
+    return contexts
+
+
+def remember_turn(messages: list[pb.Message], question: str, turn: dict) -> None:
+    """A stored turn's two messages, as the gateway stores them (``gateway.chat``: the question, the answer)."""
+    ordinal = len(messages)
+    messages += [pb.Message(ordinal=ordinal, role=inference_pb2.ROLE_USER, content=question,
+                            token_count=estimate_tokens(question)),
+                 pb.Message(ordinal=ordinal + 1, role=inference_pb2.ROLE_ASSISTANT, content=turn["answer"],
+                            token_count=turn["completion_tokens"])]
+
+
+async def sessions_unlike_the_store(gateway, kept: dict[str, list[pb.Message]]) -> int:
+    """How many sessions' messages, as listed by the gateway, differ from those kept by :func:`remember_turn`."""
+    def key(m: pb.Message) -> tuple:
+        return m.ordinal, m.role, m.content, m.token_count
+
+    unlike = 0
+    for session, messages in kept.items():
+        listed = (await gateway.ListMessages(pb.ListMessagesRequest(session_id=session, page_size=1000),
+                                             timeout=30)).messages
+        unlike += [key(m) for m in listed] != [key(m) for m in messages]
+    return unlike
+
+
 async def gateway_turn(stub, session: str, question: str, generation: inference_pb2.SamplingParams) -> dict:
     started = time.perf_counter()
-    first = None
-    final = None
+    first = final = context = None
+    answer = []
     async for event in stub.Chat(pb.ChatRequest(
             session_id=session, message=question, system_prompt=SYSTEM, generation=generation,
             retrieval=pb.RetrievalOptions(collection="docs", top_k=3)), timeout=60):
         kind = event.WhichOneof("event")
-        if kind == "delta" and first is None:
-            first = (time.perf_counter() - started) * 1000
+        if kind == "delta":
+            if first is None:
+                first = (time.perf_counter() - started) * 1000
+            answer.append(event.delta.text)
         elif kind == "final":
             final = event.final
+        elif kind == "context":
+            context = context_block(event.context.documents)
     if first is None:
         raise RuntimeError(f"a turn without a token: {final}")
-    return {"ttft": first, "total": (time.perf_counter() - started) * 1000,
+    return {"ttft": first, "total": (time.perf_counter() - started) * 1000, "context": context,
+            "answer": "".join(answer), "completion_tokens": final.usage.completion_tokens,
             # What the gateway's own clock misses: the call's way in (before the
             # handler runs) and the first token's way out.
             "edge": first - final.timings.first_token_ms,
@@ -145,7 +199,7 @@ SIDE_BY_SIDE = {"early": ("early call off", {"AGW_GATEWAY_OPEN_GENERATE_EARLY": 
 
 
 async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], window: GatewaySettings,
-              generation: inference_pb2.SamplingParams) -> dict:
+              generation: inference_pb2.SamplingParams, meter: CpuMeter) -> dict:
     def channel(port, identity):
         return open_channel(ChannelSpec(target=f"127.0.0.1:{port}", tls=ClientTls.for_identity(tls, identity)))
 
@@ -164,37 +218,30 @@ async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], w
         await wait_ready(inf_channel, timeout_s=30, target="inference")
         gateway = stubs["gateway"]
         inference = inference_pb2_grpc.InferenceStub(inf_channel)
+        contexts = await question_contexts(gateway, QUESTIONS)
         results = []
         for concurrency in levels:
             sessions = {path: [(await stub.CreateSession(pb.CreateSessionRequest(), timeout=5)).session.id
                                for _ in range(concurrency)] for path, stub in stubs.items()}
             rows = {path: [] for path in (*stubs, "direct")}
-            rows |= {f"{kind}{suffix}": [] for kind in ("share", "engine", "outside_engine", "refused", "failed")
+            rows |= {f"{kind}{suffix}": [] for kind in ("share", "engine", "outside_engine", "refused", "failed",
+                                                         "other_context")
                      for suffix in ("", "_off")}
             per_worker = max(1, turns // concurrency)
 
-            async def same_prompt(session: str, question: str) -> list[inference_pb2.ChatMessage]:
-                """The prompt the gateway builds for this turn: system, history window, context + question.
+            # The gateway path's sessions as the gateway stores them, kept here from what each turn streamed
+            # (the direct prompts carry the same history window) and checked against the store once the
+            # level is done: listing every session before every turn was load on the gateway and Postgres
+            # that no real client adds.
+            stored = {session: [] for session in sessions["gateway"]}
 
-                Untimed, and retried when admission refuses it (at c=64 the tenant's share is full)."""
-                while True:
-                    try:
-                        return await _same_prompt(session, question)
-                    except grpc.aio.AioRpcError as error:
-                        if error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
-                            raise
-                        await asyncio.sleep(0.05)
-
-            async def _same_prompt(session: str, question: str) -> list[inference_pb2.ChatMessage]:
-                listed = (await gateway.ListMessages(pb.ListMessagesRequest(session_id=session, page_size=1000),
-                                                     timeout=10)).messages
-                history = history_window(list(reversed(listed))[:window.history_messages],
+            def same_prompt(session: str, question: str) -> list[inference_pb2.ChatMessage]:
+                """The prompt the gateway builds for this turn: system, history window, context + question."""
+                history = history_window(list(reversed(stored[session]))[:window.history_messages],
                                          max_messages=window.history_messages,
                                          token_budget=window.history_token_budget,
                                          step=window.history_window_step).messages
-                hits = (await gateway.Retrieve(pb.RetrieveRequest(request=retrieval_pb2.SearchRequest(
-                    collection="docs", text=question, top_k=3, payload_fields=["text"])), timeout=10)).response.results
-                block = "\n".join(f"[{i + 1}] {h.payload['text']}" for i, h in enumerate(hits))
+                block = contexts[question]
                 return [inference_pb2.ChatMessage(role=inference_pb2.ROLE_SYSTEM, content=SYSTEM),
                         *(inference_pb2.ChatMessage(role=m.role, content=m.content) for m in history),
                         inference_pb2.ChatMessage(role=inference_pb2.ROLE_USER,
@@ -203,7 +250,7 @@ async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], w
             async def worker(index: int):
                 for turn in range(per_worker):
                     question = QUESTIONS[(index + turn) % len(QUESTIONS)]
-                    prompt = await same_prompt(sessions["gateway"][index], question)  # untimed
+                    prompt = same_prompt(sessions["gateway"][index], question)
                     # The direct path runs in its own prefix-cache partition
                     # (a cache salt), so each path finds in the cache exactly
                     # what its own previous turns left there (the history) and
@@ -232,6 +279,8 @@ async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], w
                             continue
                         via_gateway = measured[path]
                         rows[path].append(via_gateway)
+                        if via_gateway["context"] != contexts[question]:  # degraded, or another search result
+                            rows["other_context" + suffix].append(question)
                         # Paired: this turn's gateway share, on the same prompt.
                         stages = max(via_gateway["history"], via_gateway["retrieval"])
                         rows["share" + suffix].append(via_gateway["ttft"] - stages - direct["ttft"])
@@ -243,16 +292,35 @@ async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], w
                             (via_gateway["ttft"] - stages - via_gateway["engine_ttft"])
                             - (direct["ttft"] - direct["engine_ttft"]))
                     rows["direct"].append(direct)
+                    if "gateway" in measured:
+                        remember_turn(stored[sessions["gateway"][index]], question, measured["gateway"])
 
             rows["client_lag"] = []
             probe = asyncio.create_task(loop_lag(rows["client_lag"]))
-            waited, started = thread_runqueue_wait_s(os.getpid()), time.perf_counter()
+            waited, started, cpu = thread_runqueue_wait_s(os.getpid()), time.perf_counter(), meter.sample()
             await asyncio.gather(*(worker(i) for i in range(concurrency)))
+            rows["cpu_s"] = CpuMeter.spent(cpu, meter.sample())
             rows["client_wait"] = _wait_ms_per_s(waited, thread_runqueue_wait_s(os.getpid()),
                                                  time.perf_counter() - started)
             await cancel_and_wait(probe)
+            rows["other_history"] = await sessions_unlike_the_store(gateway, stored)
             results.append((concurrency, rows))
         return results
+
+
+#: Which turns each process's CPU over a level is divided by: Chat's (the gateway's, and with --edge Envoy's,
+#: retrieval's and Postgres's work is Chat's alone) or every turn (the inference service and its engine serve
+#: both paths; the bench's client runs both). Read from /proc/<pid>/stat (10 ms ticks) before and after the level.
+CPU_PER = {"gateway": "chat", "envoy": "chat", "retrieval": "chat", "postgres": "chat",
+           "inference": "all", "engine": "all", "client": "all"}
+
+
+def cpu_ms_per_turn(rows: dict, paths: Sequence[str]) -> dict[str, float]:
+    """Each process group's CPU over the level, in ms per turn (``CPU_PER`` says which turns)."""
+    chat = sum(len(rows[path]) for path in paths)
+    turns = {"chat": chat, "all": chat + len(rows["direct"])}
+    return {group: rows["cpu_s"][group] * 1000 / max(1, turns[per]) for group, per in CPU_PER.items()
+            if group in rows["cpu_s"]}
 
 
 def _gateway_stats(rows: dict, path: str, suffix: str) -> dict:
@@ -273,7 +341,10 @@ def _gateway_stats(rows: dict, path: str, suffix: str) -> dict:
                                 "direct": statistics.median(r["engine_ttft"] for r in d)},
             "edge": summary([r["edge"] for r in g]), "client_loop_lag": summary(rows["client_lag"]),
             "client_runqueue_wait_ms_per_s": rows["client_wait"],
+            "cpu_ms_per_turn": cpu_ms_per_turn(rows, [p for p in rows if p.startswith("gateway")]),
             "refused": len(rows["refused" + suffix]),
+            "other_context": len(rows["other_context" + suffix]),
+            "other_history": rows["other_history"],
             "failed": sorted(rows["failed" + suffix]),
             "uncached_tokens_p50": {"gateway": statistics.median(r["prompt"] - r["cached"] for r in g),
                                     "direct": statistics.median(r["prompt"] - r["cached"] for r in d)}}
@@ -316,7 +387,14 @@ def _report(level: str, concurrency: int, label: str, s: dict) -> None:
     print(f"     paired share p99 {paired['p99']:+.2f} ms; gateway TTFT p99 {s['gateway_ttft']['p99']:.2f} ms vs "
           f"direct {s['direct_ttft']['p99']:.2f} ms ({s['gateway_ttft']['p99'] / s['direct_ttft']['p99']:.2f}x"
           f"{_goal(P99_RATIO_GOALS, concurrency)}); "
-          f"refused RESOURCE_EXHAUSTED: {s['refused']}; failed: {s['failed'] or 'none'}")
+          f"refused RESOURCE_EXHAUSTED: {s['refused']}; failed: {s['failed'] or 'none'}; "
+          f"turns whose context was not the direct prompt's: {s['other_context']}; sessions whose stored "
+          f"history was not the direct prompts': {s['other_history']}")
+    cpu = s["cpu_ms_per_turn"]
+    print("     CPU ms per turn (Chat's: " + ", ".join(f"{g} {cpu[g]:.2f}" for g, per in CPU_PER.items()
+                                               if per == "chat" and g in cpu)
+          + "; every path's: " + ", ".join(f"{g} {cpu[g]:.2f}" for g, per in CPU_PER.items()
+                                           if per == "all" and g in cpu) + ")")
     print(f"     split, paired p50: the engine's first token {s['paired_share_engine']['p50']:+.2f} ms "
           f"(engine TTFT p50 gateway {s['engine_ttft_p50']['gateway']:.2f}, "
           f"direct {s['engine_ttft_p50']['direct']:.2f}), "
@@ -365,12 +443,12 @@ def main() -> int:
     root = scratch_dir("chat")
     tls = dev_pki(root, tenants=("dev", OFF_TENANT) if args.side_by_side else ("dev",))
     backend_env = {"AGW_INFERENCE_NICE": str(args.backend_nice), "AGW_RETRIEVAL_NICE": str(args.backend_nice)}
-    if args.edge:  # the bench's own Retrieve calls (the direct path's context) go straight to retrieval, whose
-        # admission of them must not refuse what the gateway's admits (64 turns at once build 64 direct prompts)
+    if args.edge:  # the bench's own Retrieve calls (the direct path's context) go through the edge straight to
+        # retrieval, which admits them as the gateway would; unbounded, as in the other benches
         backend_env.update(AGW_INFERENCE_EDGE_CLIENTS="service/edge", AGW_RETRIEVAL_EDGE_CLIENTS="service/edge",
                            **UNBOUNDED_ADMISSION)
     with backend_processes(root, tls, **backend_env) as (ports, started):
-        variants = {"gateway": {}}
+        variants, gateway_pids, edge_pids = {"gateway": {}}, [], []
         if args.side_by_side:
             variants["gateway_off"] = SIDE_BY_SIDE[args.side_by_side][1]
         for name, env in variants.items():
@@ -378,11 +456,22 @@ def main() -> int:
                                       AGW_GATEWAY_HISTORY_WINDOW_STEP=str(window.history_window_step),
                                       **({"AGW_GATEWAY_EDGE_CLIENTS": "service/edge"} if args.edge else {}), **env)
             started.append(gateway)
+            gateway_pids.append(gateway.pid)
             ports[name] = gateway.wait_serving()
             if args.edge:  # the client's Chat goes to the edge, which sends it on to this gateway
                 ports[name] = _start_edge(root / f"edge-{name}", tls, ports, ports[name], started)
+                edge_pids.append(started[-1].pid)
         lower_priority(args.backend_nice)
-        results = asyncio.run(run(ports, tls, args.turns, args.concurrency, window, sampling(args.max_tokens, args.temperature)))
+        inference_pid, retrieval_pid = started[0].pid, started[1].pid  # backend_processes starts them first
+        meter = CpuMeter({
+            "gateway": lambda: [pid for gateway in gateway_pids for pid in (gateway, *descendants(gateway))],
+            **({"envoy": lambda: edge_pids} if edge_pids else {}),
+            "inference": lambda: [inference_pid], "engine": lambda: sorted(descendants(inference_pid)),
+            "retrieval": lambda: [retrieval_pid],
+            "postgres": lambda: [ports["postgres_pid"], *descendants(ports["postgres_pid"])],
+            "client": lambda: [os.getpid()]})
+        results = asyncio.run(run(ports, tls, args.turns, args.concurrency, window,
+                                  sampling(args.max_tokens, args.temperature), meter))
 
     table, stats = [], {}
     off_label = SIDE_BY_SIDE[args.side_by_side][0] if args.side_by_side else ""

@@ -55,6 +55,7 @@ from pathlib import Path
 
 from harness import (
     BACKEND_KV_CACHE_GIB,
+    CpuMeter,
     UNBOUNDED_ADMISSION,
     backend_processes,
     command_line,
@@ -71,46 +72,13 @@ from agent.inference.v1 import inference_pb2, inference_pb2_grpc
 from agent.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from servicekit.tenancy import physical_collection
 from servicekit import ChannelSpec, ClientTls, open_channel, wait_ready
-from servicekit.procfs import cpu_seconds, descendants, runqueue_wait_s, thread_cpu_s
+from servicekit.procfs import descendants
 from tests.support.servers import free_port
 
 DIM = 384
 COLLECTION = "bench"
 CONCURRENCY = (1, 16, 64)
 MAX_TOKENS = 32
-
-
-class CpuMeter:
-    """CPU seconds of groups of processes (``/proc/<pid>/stat``), read before and after each run."""
-
-    def __init__(self, groups: dict[str, callable]) -> None:
-        self.groups = groups  # name -> a function listing the group's pids now
-
-    def sample(self) -> dict[str, float]:
-        cpu = {name: sum(cpu_seconds(pid) or 0.0 for pid in pids()) for name, pids in self.groups.items()}
-        # How long the gateway's event-loop threads (each worker's main thread) were runnable but not running:
-        # on a shared host that, not its own CPU, is what its added latency is made of.
-        if "gateway" in self.groups:
-            cpu["gateway_runqueue_wait"] = sum(runqueue_wait_s(str(pid)) or 0.0 for pid in self.groups["gateway"]())
-        # Each hop's CPU by thread (the event loop is the main thread; gRPC's poller and executors are others),
-        # in nanoseconds from schedstat, where /proc/<pid>/stat counts 10 ms ticks.
-        for proxy in ("gateway", "bare"):
-            for pid in self.groups.get(proxy, list)():
-                for thread, seconds in thread_cpu_s(pid).items():
-                    key = f"{proxy} thread {thread}"
-                    cpu[key] = cpu.get(key, 0.0) + seconds
-        return cpu
-
-    @staticmethod
-    def spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-        return {name: after[name] - before.get(name, 0.0) for name in after}
-
-    def idle(self, seconds: float) -> dict[str, float]:
-        """CPU milliseconds per second of each group while no call runs: its background (health and liveness
-        probes, WatchLoad, metric and span readers, the gRPC poller), which every per-call figure includes."""
-        before = self.sample()
-        time.sleep(seconds)
-        return {name: spent * 1000 / seconds for name, spent in self.spent(before, self.sample()).items()}
 
 
 def envoy_config(tls: Path, port: int, retrieval_port: int, inference_port: int) -> dict:

@@ -11,6 +11,7 @@ import shlex
 import statistics
 import sys
 import tempfile
+import time
 import urllib.request
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -21,6 +22,7 @@ if str(REPO) not in sys.path:  # run as `python bench/x.py` from anywhere
     sys.path.insert(0, str(REPO))
 
 
+from servicekit.procfs import cpu_seconds, runqueue_wait_s, thread_cpu_s  # noqa: E402
 from servicekit.stats import percentile  # noqa: E402 - after the sys.path fix above
 
 
@@ -119,7 +121,8 @@ BACKEND_KV_CACHE_GIB = 2.0
 def backend_processes(root: Path, tls_dir: Path, **env: str):
     """Inference (2 GiB of KV cache), retrieval and a private Postgres, serving.
 
-    Yields ``(ports, started)``: add processes started later (gateways) to
+    Yields ``(ports, started)``: the services' ports, Postgres's URL and its
+    server's pid (``postgres_pid``, for CPU meters). Add processes started later (gateways) to
     ``started`` and they are stopped too, all in reverse order, Postgres last
     (a gateway left to start its own embedded server would leave it running).
     """
@@ -133,7 +136,7 @@ def backend_processes(root: Path, tls_dir: Path, **env: str):
         retrieval = retrieval_process(root, tls_dir, "retrieval", **env)
         started.append(retrieval)
         yield {"inference": inference.wait_serving(), "retrieval": retrieval.wait_serving(),
-               "database_url": postgres.get_uri()}, started
+               "database_url": postgres.get_uri(), "postgres_pid": postgres.get_pid()}, started
     finally:
         for process in reversed(started):
             process.stop()
@@ -159,3 +162,36 @@ def clustered_vectors(count: int, dim: int, seed: int = 0):
     centres = rng.normal(size=(200, dim))
     vectors = centres[rng.integers(0, 200, count)] + rng.normal(scale=0.9, size=(count, dim))
     return (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
+
+
+class CpuMeter:
+    """CPU seconds of groups of processes (``/proc/<pid>/stat``), read before and after each run."""
+
+    def __init__(self, groups: dict[str, callable]) -> None:
+        self.groups = groups  # name -> a function listing the group's pids now
+
+    def sample(self) -> dict[str, float]:
+        cpu = {name: sum(cpu_seconds(pid) or 0.0 for pid in pids()) for name, pids in self.groups.items()}
+        # How long the gateway's event-loop threads (each worker's main thread) were runnable but not running:
+        # on a shared host that, not its own CPU, is what its added latency is made of.
+        if "gateway" in self.groups:
+            cpu["gateway_runqueue_wait"] = sum(runqueue_wait_s(str(pid)) or 0.0 for pid in self.groups["gateway"]())
+        # Each hop's CPU by thread (the event loop is the main thread; gRPC's poller and executors are others),
+        # in nanoseconds from schedstat, where /proc/<pid>/stat counts 10 ms ticks.
+        for proxy in ("gateway", "bare"):
+            for pid in self.groups.get(proxy, list)():
+                for thread, seconds in thread_cpu_s(pid).items():
+                    key = f"{proxy} thread {thread}"
+                    cpu[key] = cpu.get(key, 0.0) + seconds
+        return cpu
+
+    @staticmethod
+    def spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+        return {name: after[name] - before.get(name, 0.0) for name in after}
+
+    def idle(self, seconds: float) -> dict[str, float]:
+        """CPU milliseconds per second of each group while no call runs: its background (health and liveness
+        probes, WatchLoad, metric and span readers, the gRPC poller), which every per-call figure includes."""
+        before = self.sample()
+        time.sleep(seconds)
+        return {name: spent * 1000 / seconds for name, spent in self.spent(before, self.sample()).items()}
