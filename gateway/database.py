@@ -83,9 +83,10 @@ class StatelessConnection(asyncpg.Connection):
     no session-level advisory lock (migrations take a transaction-scoped one),
     no cursor outside a transaction, no LISTEN, no SET. What it does need on
     release, the rollback of a transaction left open (a cancelled turn), asyncpg
-    still does before the reset query. Measured on loopback at one operation at
-    a time: 153 against 70 µs an acquire, ``SELECT 1`` and release, and 103
-    against 55 µs of the gateway's CPU (docs/benchmarks.md).
+    still does before the reset query. With the query instrumentation off where
+    no span is recorded (:func:`open_database`), a history-sized read at one
+    operation at a time took 182 against 370 µs and 137 against 266 µs of the
+    gateway's CPU (``bench/postgres_pool.py``, docs/benchmarks.md).
     """
 
     def get_reset_query(self) -> str:
@@ -190,7 +191,7 @@ async def open_database(url: str, *, min_size: int, max_size: int, acquire_timeo
     Queries are traced (asyncpg's OpenTelemetry instrumentation, a span per
     query under the caller's span) where this process records spans at all.
     Where it records none, the instrumentation stays off: its unsampled span
-    still cost about 40 µs of CPU a query (docs/benchmarks.md).
+    still cost about 40 µs of CPU a query (``bench/postgres_pool.py``).
     """
     started = time.perf_counter()
     instrumentor = AsyncPGInstrumentor()
