@@ -342,6 +342,8 @@ def _gateway_stats(rows: dict, path: str, suffix: str) -> dict:
             "edge": summary([r["edge"] for r in g]), "client_loop_lag": summary(rows["client_lag"]),
             "client_runqueue_wait_ms_per_s": rows["client_wait"],
             "cpu_ms_per_turn": cpu_ms_per_turn(rows, [p for p in rows if p.startswith("gateway")]),
+            # How long the gateway's event-loop thread was runnable but not running (schedstat), per Chat turn.
+            "gateway_runqueue_wait_ms_per_turn": rows["cpu_s"]["gateway_runqueue_wait"] * 1000 / max(1, len(g)),
             "refused": len(rows["refused" + suffix]),
             "other_context": len(rows["other_context" + suffix]),
             "other_history": rows["other_history"],
@@ -394,7 +396,8 @@ def _report(level: str, concurrency: int, label: str, s: dict) -> None:
     print("     CPU ms per turn (Chat's: " + ", ".join(f"{g} {cpu[g]:.2f}" for g, per in CPU_PER.items()
                                                if per == "chat" and g in cpu)
           + "; every path's: " + ", ".join(f"{g} {cpu[g]:.2f}" for g, per in CPU_PER.items()
-                                           if per == "all" and g in cpu) + ")")
+                                           if per == "all" and g in cpu)
+          + f"); the gateway's loop waited for a CPU {s['gateway_runqueue_wait_ms_per_turn']:.2f} ms per Chat turn")
     print(f"     split, paired p50: the engine's first token {s['paired_share_engine']['p50']:+.2f} ms "
           f"(engine TTFT p50 gateway {s['engine_ttft_p50']['gateway']:.2f}, "
           f"direct {s['engine_ttft_p50']['direct']:.2f}), "
