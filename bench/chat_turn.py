@@ -18,12 +18,12 @@ client's own event-loop lag, since the client shares the host's cores. Levels 1,
 and 64 by default; the gateway runs with its default admission bounds
 (AGW_GATEWAY_MAX_IN_FLIGHT 64 per worker, half of it per tenant).
 
-The direct prompt's parts are had without load that no real client adds (until
-2026-12-05 the bench listed the session's messages and searched again, through
+The bench builds the direct prompts without load that no real client adds
+(until 2026-12-05 it listed the session's messages and searched again, through
 the gateway, before every turn: one more call on the gateway and Postgres, and
-one more query on retrieval, where Chat's own stage waited behind it). Its
+one more query on retrieval, where Chat's own stage waited behind it). Their
 retrieved context is searched once per question before the levels run (the
-collection does not change during a run); its history is kept here from what
+collection does not change during a run); their history is kept here from what
 each Chat turn streamed, as the gateway stores it. Both are checked: each Chat
 turn's own context (its ``context`` event), and each session's stored messages
 once its level is done; the report counts the turns and sessions that differ.
@@ -341,7 +341,7 @@ def _gateway_stats(rows: dict, path: str, suffix: str) -> dict:
                                 "direct": statistics.median(r["engine_ttft"] for r in d)},
             "edge": summary([r["edge"] for r in g]), "client_loop_lag": summary(rows["client_lag"]),
             "client_runqueue_wait_ms_per_s": rows["client_wait"],
-            "cpu_ms_per_turn": cpu_ms_per_turn(rows, [p for p in rows if p.startswith("gateway")]),
+            "cpu_ms_per_turn": cpu_ms_per_turn(rows, [p for p in ("gateway", "gateway_off") if p in rows]),
             # How long the gateway's event-loop thread was runnable but not running (schedstat), per Chat turn.
             "gateway_runqueue_wait_ms_per_turn": rows["cpu_s"]["gateway_runqueue_wait"] * 1000 / max(1, len(g)),
             "refused": len(rows["refused" + suffix]),
