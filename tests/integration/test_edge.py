@@ -541,3 +541,28 @@ async def test_the_edge_keeps_each_key_on_one_replica_and_spills_a_crowded_one(t
         for call in held:
             call.cancel()
         assert landed[0] >= 1 and landed[1] > landed[0], f"12 held calls of one key landed {landed}"
+
+
+async def test_a_retry_goes_to_the_other_replica_even_while_it_is_the_busier_one(tmp_path, gateway, retrieval, pki):
+    """The edge's one retry of a Generate refused before its first message goes to another replica (Envoy's
+    previous-hosts predicate, which makes the balancer pick again). Here a replica refuses every generation
+    UNAVAILABLE (as one draining) beside one holding two long streams: least-requests prefers the refusing one,
+    idle, 3 picks in 4, so with too few picks allowed a retry lands on it again (with 5, about one retry in 4).
+    Health checks are off, and outlier detection ejects it only after 5 refusals: every call is answered anyway,
+    and some were first sent to the refusing replica."""
+    async with scripted_app(pki.root, **EDGE) as (live, app_live), \
+            scripted_app(pki.root, fail_generate=True, **EDGE) as (refusing, app_refusing), \
+            edge_proxy(tmp_path, pki.root, gateway_port=gateway.port, inference_ports=[refusing.port, live.port],
+                       retrieval_port=retrieval.port, health_check_s=0) as port, \
+            mtls_channel(port, pki.root, identity="tenant/dev") as channel:
+        generate = raw_multicallable(channel, GENERATE)
+        held = []
+        for _ in range(2):  # the live replica is the busier one from here on
+            call = generate(_scripted("tokens=1000 delay=1"), timeout=60)
+            await call.read()
+            held.append(call)
+        answered = [len([m async for m in generate(_scripted("tokens=2"), timeout=30)]) for _ in range(24)]
+        for call in held:
+            call.cancel()
+    assert answered == [3] * 24
+    assert app_refusing.servicer.generations >= 1 and app_live.servicer.generations == 2 + 24
