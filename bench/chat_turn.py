@@ -465,7 +465,7 @@ def main() -> int:
                 ports[name] = _start_edge(root / f"edge-{name}", tls, ports, ports[name], started)
                 edge_pids.append(started[-1].pid)
         lower_priority(args.backend_nice)
-        inference_pid, retrieval_pid = started[0].pid, started[1].pid  # backend_processes starts them first
+        inference_pid, retrieval_pid = ports["inference_pid"], ports["retrieval_pid"]
         meter = CpuMeter({
             "gateway": lambda: [pid for gateway in gateway_pids for pid in (gateway, *descendants(gateway))],
             **({"envoy": lambda: edge_pids} if edge_pids else {}),

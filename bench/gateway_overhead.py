@@ -346,7 +346,7 @@ def main() -> int:
         backend_env.update(AGW_INFERENCE_EDGE_CLIENTS="service/edge", AGW_RETRIEVAL_EDGE_CLIENTS="service/edge",
                            **UNBOUNDED_ADMISSION)
     with backend_processes(root, tls, **backend_env) as (ports, started):
-        inference_pid, retrieval_pid = started[0].pid, started[1].pid
+        inference_pid, retrieval_pid = ports["inference_pid"], ports["retrieval_pid"]
         envoy, ports["envoy"] = start_envoy(root, tls, ports["retrieval"], ports["inference"])
         bare = None
         if args.bare:

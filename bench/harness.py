@@ -121,8 +121,9 @@ BACKEND_KV_CACHE_GIB = 2.0
 def backend_processes(root: Path, tls_dir: Path, **env: str):
     """Inference (2 GiB of KV cache), retrieval and a private Postgres, serving.
 
-    Yields ``(ports, started)``: the services' ports, Postgres's URL and its
-    server's pid (``postgres_pid``, for CPU meters). Add processes started later (gateways) to
+    Yields ``(ports, started)``: the services' ports, Postgres's URL, and the
+    pids of the two services and of Postgres's server (``inference_pid``,
+    ``retrieval_pid``, ``postgres_pid``, for CPU meters). Add processes started later (gateways) to
     ``started`` and they are stopped too, all in reverse order, Postgres last
     (a gateway left to start its own embedded server would leave it running).
     """
@@ -136,7 +137,8 @@ def backend_processes(root: Path, tls_dir: Path, **env: str):
         retrieval = retrieval_process(root, tls_dir, "retrieval", **env)
         started.append(retrieval)
         yield {"inference": inference.wait_serving(), "retrieval": retrieval.wait_serving(),
-               "database_url": postgres.get_uri(), "postgres_pid": postgres.get_pid()}, started
+               "database_url": postgres.get_uri(), "inference_pid": inference.pid, "retrieval_pid": retrieval.pid,
+               "postgres_pid": postgres.get_pid()}, started
     finally:
         for process in reversed(started):
             process.stop()

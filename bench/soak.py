@@ -200,7 +200,7 @@ def main() -> int:
         started.append(gateway)
         port = gateway.wait_serving()
         connection = Connection(gateway=f"127.0.0.1:{port}", tls_dir=str(tls), identity="dev")
-        pids = {"gateway": gateway.pid, "inference": started[0].pid, "retrieval": started[1].pid}
+        pids = {"gateway": gateway.pid, "inference": ports["inference_pid"], "retrieval": ports["retrieval_pid"]}
         asyncio.run(seed(connection))
         samples, settled, verdict, load = asyncio.run(soak(
             connection, pids, metrics_ports, rate=args.rate, duration_s=args.duration,
