@@ -29,7 +29,7 @@ import json
 import statistics
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -93,34 +93,44 @@ def _level(run: dict, concurrency: int) -> dict:
 
 def overhead_verdicts(runs: Sequence[dict], path: str = "edge") -> list[Verdict]:
     """The passthrough goals for ``path``, from `gateway_overhead.py --json` outputs (one worker count each)."""
-    tables = [_rows(run, path) for run in runs]
-
-    def each(measure: Callable[[Callable[[str, int, str], dict]], float]) -> list[float]:
-        return [measure(lambda kind, c, p, t=table: t[(kind, c, p)]) for table in tables]
-
-    def added(row: Callable[[str, int, str], dict], kind: str, c: int, p: str) -> float:
-        return row(kind, c, p)["p50"] - row(kind, c, "direct")["p50"]
-
-    def share_of_direct(row, kind: str, c: int) -> float:
-        return row(kind, c, path)["throughput"] / row(kind, c, "direct")["throughput"]
-
-    stream_added = each(lambda row: added(row, "stream", 64, path))
-    envoy_stream_added = statistics.median(each(lambda row: added(row, "stream", 64, "envoy")))
+    tables = [_Table(_rows(run, path)) for run in runs]
+    envoy_stream_added = statistics.median(t.added("stream", 64, "envoy") for t in tables)
     # "At most 3x Envoy's, and at most 10 ms where Envoy adds less than 3 ms" (3x of a negative figure is no limit).
     stream_limit = 3 * envoy_stream_added if envoy_stream_added >= 3 else 10.0
     return [
         _verdict(f"unary c=1: {path}'s added p50 minus Envoy's, same run", "ms",
-                 each(lambda row: added(row, "unary", 1, path) - added(row, "unary", 1, "envoy")), 0.0),
-        _verdict(f"unary c=64: {path}'s throughput / direct's", "x", each(lambda row: share_of_direct(row, "unary", 64)),
-                 0.8, at_most=False),
+                 [t.added("unary", 1, path) - t.added("unary", 1, "envoy") for t in tables], 0.0),
+        _verdict(f"unary c=64: {path}'s throughput / direct's", "x",
+                 [t.share_of_direct("unary", 64, path) for t in tables], 0.8, at_most=False),
         _verdict(f"stream c=64: {path}'s throughput / direct's", "x",
-                 each(lambda row: share_of_direct(row, "stream", 64)), 0.8, at_most=False),
-        _verdict(f"stream c=64: {path}'s added p50 (Envoy's median {envoy_stream_added:+.1f} ms)", "ms", stream_added,
-                 stream_limit),
+                 [t.share_of_direct("stream", 64, path) for t in tables], 0.8, at_most=False),
+        _verdict(f"stream c=64: {path}'s added p50 (Envoy's median {envoy_stream_added:+.1f} ms)", "ms",
+                 [t.added("stream", 64, path) for t in tables], stream_limit),
         _verdict(f"stream c=64: {path}'s CPU per token / the inference process's own", "x",
-                 each(lambda row: _per_token(row("stream", 64, path), path) / _per_token(row("stream", 64, path),
-                                                                                         "inference")), 1.0),
+                 [t.cpu_per_token("stream", 64, path, path) / t.cpu_per_token("stream", 64, path, "inference")
+                  for t in tables], 1.0),
     ]
+
+
+@dataclass(frozen=True)
+class _Table:
+    """One gateway_overhead.py run's rows at 1 worker, by (kind, concurrency, path)."""
+
+    rows: dict[tuple[str, int, str], dict]
+
+    def added(self, kind: str, concurrency: int, path: str) -> float:
+        """The p50 ``path`` adds to the direct call's, ms."""
+        return self.rows[(kind, concurrency, path)]["p50"] - self.rows[(kind, concurrency, "direct")]["p50"]
+
+    def share_of_direct(self, kind: str, concurrency: int, path: str) -> float:
+        """``path``'s throughput as a fraction of the direct call's."""
+        direct = self.rows[(kind, concurrency, "direct")]
+        return self.rows[(kind, concurrency, path)]["throughput"] / direct["throughput"]
+
+    def cpu_per_token(self, kind: str, concurrency: int, path: str, process: str) -> float:
+        """CPU seconds of ``process`` per token forwarded on ``path``'s run."""
+        row = self.rows[(kind, concurrency, path)]
+        return row["cpu_s"][process] / max(1, row["tokens"])
 
 
 def _rows(run: dict, path: str) -> dict[tuple[str, int, str], dict]:
@@ -128,13 +138,9 @@ def _rows(run: dict, path: str) -> dict[tuple[str, int, str], dict]:
     missing = {(kind, c, p) for kind in ("unary", "stream") for c in (1, 64) for p in ("direct", "envoy", path)
                if (kind, c, p) not in rows and not (kind == "stream" and c == 1)}
     if missing:
-        raise ValueError(f"a gateway_overhead.py run without {sorted(missing)} at 1 worker ({run.get('command', '?')}); "
-                         f"run it with `{' '.join(OVERHEAD_COMMAND)}`")
+        raise ValueError(f"a gateway_overhead.py run without {sorted(missing)} at 1 worker "
+                         f"({run.get('command', '?')}); run it with `{' '.join(OVERHEAD_COMMAND)}`")
     return rows
-
-
-def _per_token(row: dict, group: str) -> float:
-    return row["cpu_s"][group] / max(1, row["tokens"])
 
 
 def run_benches(runs: int, out: Path) -> tuple[list[Path], list[Path]]:
