@@ -47,9 +47,16 @@ class Verdict:
     goal: str
     unit: str
     runs: tuple[float, ...]
-    median: float
     limit: float
     at_most: bool  # True: the figure must be <= limit; False: >= limit
+
+    def __post_init__(self) -> None:
+        if not self.runs:
+            raise ValueError(f"{self.goal}: no runs to judge")
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.runs)
 
     @property
     def met(self) -> bool:
@@ -66,9 +73,7 @@ class Verdict:
 
 
 def _verdict(goal: str, unit: str, runs: Sequence[float], limit: float, at_most: bool = True) -> Verdict:
-    if not runs:
-        raise ValueError(f"{goal}: no runs to judge")
-    return Verdict(goal, unit, tuple(runs), statistics.median(runs), limit, at_most)
+    return Verdict(goal, unit, tuple(runs), limit, at_most)
 
 
 def chat_verdicts(runs: Sequence[dict]) -> list[Verdict]:
@@ -201,7 +206,8 @@ def main() -> int:
     report(verdicts)
     print(f"command: {command_line()}")
     write_json(args.json, {"chat": [str(p) for p in chat], "overhead": [str(p) for p in overhead],
-                           "verdicts": [{**asdict(v), "met": v.met, "margin": v.margin} for v in verdicts]})
+                           "verdicts": [{**asdict(v), "median": v.median, "met": v.met, "margin": v.margin}
+                                        for v in verdicts]})
     return 0 if all(v.met for v in verdicts) else 1
 
 
