@@ -8,11 +8,13 @@ follow the CPU.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from pydantic import ValidationError
 
-from retrieval.embedder import Embedder, cast_linears_to_bf16, cpu_bf16_kind, runs_in_bf16
+from retrieval.embedder import Embedder, _packed_for_onednn, cast_linears_to_bf16, cpu_bf16_kind, runs_in_bf16
 from retrieval.settings import RetrievalSettings
 
 pytestmark = pytest.mark.integration
@@ -82,6 +84,47 @@ def test_every_linear_layer_is_cast_once_and_nothing_else():
         expected = torch.nn.functional.linear(
             torch.nn.functional.linear(x.to(bf16), first.to(bf16), bias.to(bf16)), second.to(bf16))
     assert torch.equal(out, expected)
+
+
+def test_packed_layers_compute_what_plain_bf16_layers_do():
+    """Packing for oneDNN changes where the weights lie, not the products: on a CPU that runs bfloat16
+    natively every layer packs; elsewhere a layer that cannot pack runs ``F.linear`` (same outputs either way)."""
+    torch.manual_seed(3)
+    source = torch.nn.Sequential(torch.nn.Linear(384, 1536), torch.nn.GELU(), torch.nn.Linear(1536, 384, bias=False))
+    plain, packed = copy.deepcopy(source), copy.deepcopy(source)
+    cast_linears_to_bf16(plain)
+    cast_linears_to_bf16(packed, prepack=True)
+    assert plain[0].packed is None and plain[2].packed is None
+    if cpu_bf16_kind() != "emulated":
+        assert packed[0].packed is not None and packed[2].packed is not None
+    x = torch.randn(2, 9, 384)  # a pass of two 9-token texts, as the transformer's layers see it
+    with torch.inference_mode():
+        expected, out = plain(x), packed(x)
+    assert out.dtype == torch.bfloat16 and out.shape == (2, 9, 384)
+    assert torch.allclose(out.float(), expected.float(), rtol=1e-2, atol=1e-2)
+
+
+def test_a_weight_onednn_cannot_serve_is_not_packed():
+    """The check behind packing: a weight the packed product does not reproduce falls back (None)."""
+    assert _packed_for_onednn(torch.randn(8, 16)) is None  # fp32: the bfloat16 probe cannot use it
+
+
+async def test_the_bundled_models_layers_are_packed_where_bf16_is_native(embedders):
+    _, half = embedders
+    native = cpu_bf16_kind() != "emulated"
+    assert half.packed_layers == (37 if native else 0)  # six layers of six linears, and the pooler's
+    if not native:
+        return
+    unpacked = await Embedder.load(None, bf16="on")
+    try:
+        for module in unpacked._model.modules():
+            if getattr(module, "packed", None) is not None:
+                module.packed = None
+        assert unpacked.packed_layers == 0
+        packed, plain = await half.embed(TEXTS + [QUERY]), await unpacked.embed(TEXTS + [QUERY])
+        assert min(_dot(a, b) for a, b in zip(packed, plain)) >= 0.99999
+    finally:
+        await unpacked.close()
 
 
 @pytest.mark.parametrize(("mode", "cpu", "bf16"), [
