@@ -326,7 +326,7 @@ async def test_turn_cancelled_at_its_context_event_stores_nothing_and_frees_the_
     assert final.usage.completion_tokens == 8
 
 
-async def test_a_sessions_history_is_tokenized_while_retrieval_runs(stub, otlp):
+async def test_a_sessions_history_is_tokenized_while_retrieval_runs(stub, otlp, recorded_spans):  # real trace ids
     # The gateway sends the system prompt and history on the early inference
     # call as soon as Postgres answers; the inference service's tokenize span
     # (exported to the session's OTLP receiver) says how many prompt tokens
