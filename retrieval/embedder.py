@@ -51,7 +51,12 @@ def runs_in_bf16(mode: str, cpu: str) -> bool:
     return mode == "on" or (mode == "auto" and cpu != "emulated")
 
 
-def _packed_for_onednn(weight, probe_rows: int = 3):
+#: The rows a pass's matrix products are expected to have (oneDNN picks the packed layout for it): a few
+#: queries of a dozen tokens. Measured on a Xeon with AMX, the hint changed no pass's time from 1 to 64 queries.
+PACKED_ROWS_HINT = 16
+
+
+def _packed_for_onednn(weight):
     """``weight`` (bfloat16) in oneDNN's own layout for its matrix products, or None where this PyTorch or CPU
     cannot: checked on a probe against ``F.linear``, so a private operator that changed or a CPU it does not
     serve falls back instead of computing something else."""
@@ -60,18 +65,14 @@ def _packed_for_onednn(weight, probe_rows: int = 3):
 
     try:
         packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACKED_ROWS_HINT)
-        probe = torch.randn(probe_rows, weight.shape[1]).to(torch.bfloat16)
+        # Three rows of fixed values: the process's own random stream is not drawn from at load.
+        probe = torch.randn(3, weight.shape[1], generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
         with torch.inference_mode():
             same = torch.allclose(torch.ops.mkldnn._linear_pointwise(probe, packed, None, "none", [], ""),
                                   F.linear(probe, weight), rtol=1e-2, atol=1e-2)
     except (AttributeError, RuntimeError, NotImplementedError):
         return None
     return packed if same else None
-
-
-#: The rows a pass's matrix products are expected to have (oneDNN picks the packed layout for it): a few
-#: queries of a dozen tokens. Measured on a Xeon with AMX, the hint changed no pass's time from 1 to 64 queries.
-PACKED_ROWS_HINT = 16
 
 
 @functools.cache
