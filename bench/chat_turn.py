@@ -10,8 +10,10 @@ cache salt) so that neither path reuses the other's prompt: each finds cached
 only what its own earlier turns left, as a real client would. Reports time to
 first token and total, p50/p95/p99, at concurrency 1 and 8, and the gateway's
 share of the first token: gateway TTFT - (max(history, retrieval) + direct
-TTFT), from the p50s (the goal's form) and paired turn by turn, with its p99;
-and the turns the gateway refused with RESOURCE_EXHAUSTED (admission
+TTFT), from the p50s (the goal's form), in its sum form (the median of each
+turn's stages plus its direct first token, ``share_forms``: the p50 form
+also charges the gateway the skew of a median of sums), and paired turn by
+turn, with its p99; and the turns the gateway refused with RESOURCE_EXHAUSTED (admission
 shedding load), which are left out of the latency figures. Next to the edge
 (what the client sees outside the gateway's own clock) it reports the
 client's own event-loop lag, since the client shares the host's cores. Levels 1, 8, 32
@@ -27,6 +29,8 @@ collection does not change during a run); their history is kept here from what
 each Chat turn streamed, as the gateway stores it. Both are checked: each Chat
 turn's own context (its ``context`` event), and each session's stored messages
 once its level is done; the report counts the turns and sessions that differ.
+Every turn's own figures go into the JSON (``turns``, ``TurnSample``), so any
+form of the share can be recomputed from a run.
 
 ``--side-by-side early`` adds a second gateway with
 AGW_GATEWAY_OPEN_GENERATE_EARLY off (a plain Generate call once the prompt is
@@ -55,6 +59,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 from harness import (UNBOUNDED_ADMISSION, CpuMeter, backend_processes, command_line, dev_pki, gateway_process,
@@ -225,7 +230,7 @@ async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], w
                                for _ in range(concurrency)] for path, stub in stubs.items()}
             rows = {path: [] for path in (*stubs, "direct")}
             rows |= {f"{kind}{suffix}": [] for kind in ("share", "engine", "outside_engine", "refused", "failed",
-                                                         "other_context")
+                                                         "other_context", "turns")
                      for suffix in ("", "_off")}
             per_worker = max(1, turns // concurrency)
 
@@ -257,12 +262,17 @@ async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], w
                     # neither reuses the other's prompt. The paths still take
                     # turns at going first, rotating every len(QUESTIONS)
                     # turns, so that what runs just before (another path's
-                    # generation) weighs on all alike.
+                    # generation) weighs on all alike; and the workers start
+                    # the rotation at different paths, so that the level's
+                    # opening burst (every worker's first call at once, the
+                    # engine handed c prompts together) falls on all paths
+                    # alike. Until 2026-12-06 every worker called the gateway
+                    # first, and Chat's first turns took the whole burst.
                     calls = {path: (lambda path=path: gateway_turn(stubs[path], sessions[path][index], question, generation))
                              for path in stubs}
                     calls["direct"] = lambda: direct_turn(inference, prompt, generation)
                     order = list(calls)
-                    shift = (turn // len(QUESTIONS)) % len(order)
+                    shift = (index + turn // len(QUESTIONS)) % len(order)
                     measured = {}
                     for path in order[shift:] + order[:shift]:
                         try:
@@ -284,6 +294,10 @@ async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], w
                         # Paired: this turn's gateway share, on the same prompt.
                         stages = max(via_gateway["history"], via_gateway["retrieval"])
                         rows["share" + suffix].append(via_gateway["ttft"] - stages - direct["ttft"])
+                        # Each turn's own figures, kept in the JSON: the forms of the share can be recomputed,
+                        # and a level's early turns told from its later ones.
+                        rows["turns" + suffix].append(TurnSample(worker=index, turn=turn, chat=via_gateway["ttft"],
+                                                                 stages=stages, direct=direct["ttft"]))
                         # The same share, split: the engine's first token on each
                         # path (arrival at the engine to first token, the
                         # engine's clock), and everything else (hops, gateway).
@@ -323,17 +337,63 @@ def cpu_ms_per_turn(rows: dict, paths: Sequence[str]) -> dict[str, float]:
             if group in rows["cpu_s"]}
 
 
+@dataclass(frozen=True)
+class TurnSample:
+    """One turn of a level on one gateway path, ms: Chat's first token, its stages (max(history, retrieval)),
+    and the same prompt's first token sent direct in the same turn."""
+
+    worker: int
+    turn: int  # the worker's (its session's) turn: 0 is a session's first
+    chat: float
+    stages: float
+    direct: float
+
+    def as_json(self) -> dict:
+        return {"worker": self.worker, "turn": self.turn, "chat": round(self.chat, 3),
+                "stages": round(self.stages, 3), "direct": round(self.direct, 3)}
+
+
+def share_forms(samples: Sequence[TurnSample]) -> dict[str, float]:
+    """The gateway's share of the first token in three forms, ms, from one level's turns.
+
+    - ``p50_form``: p50(Chat) - (p50(stages) + p50(direct)), the form judged
+      since the first wave;
+    - ``sum_form``: p50(Chat) - p50(stages + direct): each turn's stages and
+      its direct first token added before the median is taken, unpaired;
+    - ``median_skew``: p50(stages + direct) - (p50(stages) + p50(direct)),
+      their difference. It holds no gateway work at all (neither term has
+      Chat's first token in it): the median of a sum of two right-skewed
+      times exceeds the sum of their medians, and the p50 form charges that
+      excess to the gateway.
+    """
+    chat = statistics.median(s.chat for s in samples)
+    stages = statistics.median(s.stages for s in samples)
+    direct = statistics.median(s.direct for s in samples)
+    expected = statistics.median(s.stages + s.direct for s in samples)
+    return {"p50_form": chat - (stages + direct), "sum_form": chat - expected,
+            "median_skew": expected - (stages + direct)}
+
+
 def _gateway_stats(rows: dict, path: str, suffix: str) -> dict:
     """One gateway's first-token share against the direct path, from the p50s and paired."""
     g, d = rows[path], rows["direct"]
     gateway_ttft, direct_ttft = summary([r["ttft"] for r in g]), summary([r["ttft"] for r in d])
     stage = statistics.median(max(r["history"], r["retrieval"]) for r in g)
+    forms = share_forms(rows["turns" + suffix])
     return {"gateway_ttft": gateway_ttft, "direct_ttft": direct_ttft,
             "gateway_total": summary([r["total"] for r in g]), "direct_total": summary([r["total"] for r in d]),
             "history_retrieval_p50": stage,
             # Apart, to say which stage a level's first token waits on.
             "history": summary([r["history"] for r in g]), "retrieval": summary([r["retrieval"] for r in g]),
             "gateway_share_p50": gateway_ttft["p50"] - (stage + direct_ttft["p50"]),
+            "gateway_share_sum_form": forms["sum_form"], "median_skew": forms["median_skew"],
+            # A session's first turn (its prompt uncached past the system prompt, the level's opening burst)
+            # apart from its later ones: a short level is mostly first turns at high concurrency.
+            "paired_share_by_turn": {
+                part: statistics.median(t.chat - t.stages - t.direct for t in turns) if turns else None
+                for part, turns in (("first", [t for t in rows["turns" + suffix] if t.turn == 0]),
+                                    ("later", [t for t in rows["turns" + suffix] if t.turn > 0]))},
+            "turns": [sample.as_json() for sample in rows["turns" + suffix]],
             "paired_share": summary(rows["share" + suffix]),
             "paired_share_engine": summary(rows["engine" + suffix]),
             "paired_share_outside_engine": summary(rows["outside_engine" + suffix]),
@@ -379,7 +439,8 @@ def _report(level: str, concurrency: int, label: str, s: dict) -> None:
     print(f"c={level} {label}: max(history, retrieval) p50 {s['history_retrieval_p50']:.2f} ms (history p50 "
           f"{s['history']['p50']:.2f}, p99 {s['history']['p99']:.2f}; retrieval p50 {s['retrieval']['p50']:.2f}, p99 "
           f"{s['retrieval']['p99']:.2f}); gateway share "
-          f"of the first token {s['gateway_share_p50']:+.2f} ms{_goal(SHARE_GOALS, concurrency)}; paired per turn: p50 "
+          f"of the first token {s['gateway_share_p50']:+.2f} ms{_goal(SHARE_GOALS, concurrency)}, of which the "
+          f"medians' skew {s['median_skew']:+.2f} (sum form {s['gateway_share_sum_form']:+.2f}); paired per turn: p50 "
           f"{paired['p50']:+.2f}, p95 {paired['p95']:+.2f} ms; of which outside the gateway's clock (way in, first "
           f"token out) p50 {s['edge']['p50']:.2f} ms (the bench client's own loop lag p50 "
           f"{s['client_loop_lag']['p50']:.2f}, p99 {s['client_loop_lag']['p99']:.2f}; its threads' wait for a CPU, "
@@ -398,6 +459,8 @@ def _report(level: str, concurrency: int, label: str, s: dict) -> None:
           + "; every path's: " + ", ".join(f"{g} {cpu[g]:.2f}" for g, per in CPU_PER.items()
                                            if per == "all" and g in cpu)
           + f"); the gateway's loop waited for a CPU {s['gateway_runqueue_wait_ms_per_turn']:.2f} ms per Chat turn")
+    by_turn = {part: "none" if v is None else f"{v:+.2f}" for part, v in s["paired_share_by_turn"].items()}
+    print(f"     paired share p50, sessions' first turns {by_turn['first']} ms, later turns {by_turn['later']} ms")
     print(f"     split, paired p50: the engine's first token {s['paired_share_engine']['p50']:+.2f} ms "
           f"(engine TTFT p50 gateway {s['engine_ttft_p50']['gateway']:.2f}, "
           f"direct {s['engine_ttft_p50']['direct']:.2f}), "

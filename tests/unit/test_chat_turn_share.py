@@ -1,0 +1,52 @@
+"""bench/chat_turn.py's forms of the gateway's share of the first token, on turns whose answer is known.
+
+The bench itself runs by hand (`tests/unit/test_bench_scripts.py` checks that
+it starts); these check the arithmetic its verdicts rest on.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.bench import import_bench
+
+
+@pytest.fixture(scope="module")
+def chat_turn():
+    return import_bench("chat_turn")
+
+
+def turns(chat_turn, stages_and_direct, added_ms: float):
+    """Turns of a gateway whose Chat first token is its stages, plus the direct first token, plus ``added_ms``."""
+    return [chat_turn.TurnSample(worker=0, turn=n, chat=stages + direct + added_ms, stages=stages, direct=direct)
+            for n, (stages, direct) in enumerate(stages_and_direct)]
+
+
+# Right-skewed stages and direct first tokens: each is usually fast, and
+# slow in a different turn. Medians: stages 10, direct 10; their per-turn sum's, 50.
+SKEWED = [(10.0, 40.0), (40.0, 10.0), (10.0, 10.0), (10.0, 45.0), (45.0, 10.0)]
+
+
+def test_a_gateway_that_adds_nothing_is_charged_the_medians_skew_by_the_p50_form_only(chat_turn):
+    forms = chat_turn.share_forms(turns(chat_turn, SKEWED, added_ms=0.0))
+    assert forms["sum_form"] == pytest.approx(0.0)
+    assert forms["median_skew"] == pytest.approx(50.0 - 20.0)
+    assert forms["p50_form"] == pytest.approx(forms["sum_form"] + forms["median_skew"])
+
+
+def test_a_gateway_that_adds_three_ms_a_turn_has_a_sum_form_share_of_three(chat_turn):
+    forms = chat_turn.share_forms(turns(chat_turn, SKEWED, added_ms=3.0))
+    assert forms["sum_form"] == pytest.approx(3.0)
+    assert forms["p50_form"] == pytest.approx(33.0)
+
+
+def test_without_skew_the_two_forms_agree(chat_turn):
+    steady = [(30.0, 40.0)] * 4 + [(31.0, 41.0)]
+    forms = chat_turn.share_forms(turns(chat_turn, steady, added_ms=2.5))
+    assert forms["median_skew"] == pytest.approx(0.0)
+    assert forms["p50_form"] == pytest.approx(forms["sum_form"]) == pytest.approx(2.5)
+
+
+def test_a_turn_sample_is_written_to_json_with_its_session_turn(chat_turn):
+    sample = chat_turn.TurnSample(worker=3, turn=0, chat=91.23456, stages=40.0, direct=45.5)
+    assert sample.as_json() == {"worker": 3, "turn": 0, "chat": 91.235, "stages": 40.0, "direct": 45.5}
