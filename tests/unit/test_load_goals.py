@@ -9,25 +9,21 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from tests.support.bench import BENCH, import_bench
 
 
 @pytest.fixture(scope="module")
 def goals():
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))
-    import load_goals
-
-    return load_goals
+    return import_bench("load_goals")
 
 
-def chat_run(share_c8: float, chat_p99: float, direct_p99: float) -> dict:
+def chat_run(share_c8: float, chat_p99: float, direct_p99: float, paired_c8: float = 1.0) -> dict:
     return {"command": "python bench/chat_turn.py", "stats": {
-        "8": {"gateway_share_p50": share_c8, "gateway_ttft": {"p99": 100.0}, "direct_ttft": {"p99": 90.0}},
+        "8": {"gateway_share_p50": share_c8, "paired_share": {"p50": paired_c8},
+              "gateway_ttft": {"p99": 100.0}, "direct_ttft": {"p99": 90.0}},
         "32": {"gateway_share_p50": 30.0, "gateway_ttft": {"p99": chat_p99}, "direct_ttft": {"p99": direct_p99}}}}
 
 
@@ -58,11 +54,28 @@ def by_goal(verdicts, words: str):
 def test_the_chat_goals_are_judged_on_the_median_not_the_best_or_worst_run(goals):
     verdicts = goals.chat_verdicts([chat_run(2.0, 150.0, 100.0), chat_run(9.0, 250.0, 100.0),
                                     chat_run(5.0, 190.0, 100.0)])
-    share = by_goal(verdicts, "share at c=8")
+    share = by_goal(verdicts, "share at c=8, p50 form")
     assert share.runs == (2.0, 9.0, 5.0) and share.median == 5.0 and share.limit == 4.0
     assert not share.met and share.margin == pytest.approx(-1.0) and share.runs_within == 1
     ratio = by_goal(verdicts, "p99")
     assert ratio.median == pytest.approx(1.9) and ratio.met and ratio.runs_within == 2
+
+
+def test_the_share_is_also_judged_in_its_sum_form_and_paired(goals):
+    def with_sum_form(run, sum_form):
+        run["stats"]["8"]["gateway_share_sum_form"] = sum_form
+        return run
+
+    verdicts = goals.chat_verdicts([with_sum_form(chat_run(9.0, 150.0, 100.0, paired_c8=4.5), 2.0),
+                                    with_sum_form(chat_run(12.0, 150.0, 100.0, paired_c8=1.0), 5.0),
+                                    with_sum_form(chat_run(8.0, 150.0, 100.0, paired_c8=6.0), 3.0)])
+    assert by_goal(verdicts, "p50 form").median == 9.0 and not by_goal(verdicts, "p50 form").met
+    sum_form = by_goal(verdicts, "sum form")
+    assert sum_form.median == 3.0 and sum_form.met and sum_form.runs_within == 2
+    paired = by_goal(verdicts, "paired p50")
+    assert paired.runs == (4.5, 1.0, 6.0) and paired.median == 4.5 and not paired.met and paired.runs_within == 1
+    # Runs made before the sum form existed are judged on the p50 form alone.
+    assert not [v for v in goals.chat_verdicts([chat_run(9.0, 150.0, 100.0)] * 3) if "sum form" in v.goal]
 
 
 def test_the_unary_goal_compares_each_run_with_envoy_in_the_same_run(goals):
@@ -99,7 +112,7 @@ def test_cpu_per_token_is_against_the_inference_process_own(goals):
 
 
 def test_a_run_without_the_measured_levels_is_refused_with_the_command_to_use(goals):
-    with pytest.raises(ValueError, match="without c=32.*chat_turn.py --turns 64 --concurrency 8 32"):
+    with pytest.raises(ValueError, match="without c=32.*chat_turn.py --turns 256 --concurrency 8 32"):
         goals.chat_verdicts([{"command": "x", "stats": {"8": {}}}])
     without_edge = overhead_run()
     without_edge["rows"] = [r for r in without_edge["rows"] if r["path"] != "edge"]
