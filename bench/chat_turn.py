@@ -364,14 +364,21 @@ def share_forms(samples: Sequence[TurnSample]) -> dict[str, float]:
       their difference. It holds no gateway work at all (neither term has
       Chat's first token in it): the median of a sum of two right-skewed
       times exceeds the sum of their medians, and the p50 form charges that
-      excess to the gateway.
+      excess to the gateway;
+    - ``mean``: mean(Chat) - mean(stages + direct), which is also the mean of
+      each turn's own share, whichever way it is taken. A difference of
+      medians is not the median of the differences where the two
+      distributions differ in shape, not only in place: Chat opens its
+      inference call while its stages run, so its first token is spread
+      less than a sum of stages and a direct first token.
     """
     chat = statistics.median(s.chat for s in samples)
     stages = statistics.median(s.stages for s in samples)
     direct = statistics.median(s.direct for s in samples)
     expected = statistics.median(s.stages + s.direct for s in samples)
     return {"p50_form": chat - (stages + direct), "sum_form": chat - expected,
-            "median_skew": expected - (stages + direct)}
+            "median_skew": expected - (stages + direct),
+            "mean": statistics.fmean(s.chat - s.stages - s.direct for s in samples)}
 
 
 def _gateway_stats(rows: dict, path: str, suffix: str) -> dict:
@@ -387,6 +394,7 @@ def _gateway_stats(rows: dict, path: str, suffix: str) -> dict:
             "history": summary([r["history"] for r in g]), "retrieval": summary([r["retrieval"] for r in g]),
             "gateway_share_p50": gateway_ttft["p50"] - (stage + direct_ttft["p50"]),
             "gateway_share_sum_form": forms["sum_form"], "median_skew": forms["median_skew"],
+            "gateway_share_mean": forms["mean"],
             # A session's first turn (its prompt uncached past the system prompt, the level's opening burst)
             # apart from its later ones: a short level is mostly first turns at high concurrency.
             "paired_share_by_turn": {
@@ -440,7 +448,8 @@ def _report(level: str, concurrency: int, label: str, s: dict) -> None:
           f"{s['history']['p50']:.2f}, p99 {s['history']['p99']:.2f}; retrieval p50 {s['retrieval']['p50']:.2f}, p99 "
           f"{s['retrieval']['p99']:.2f}); gateway share "
           f"of the first token {s['gateway_share_p50']:+.2f} ms{_goal(SHARE_GOALS, concurrency)}, of which the "
-          f"medians' skew {s['median_skew']:+.2f} (sum form {s['gateway_share_sum_form']:+.2f}); paired per turn: p50 "
+          f"medians' skew {s['median_skew']:+.2f} (sum form {s['gateway_share_sum_form']:+.2f}; mean "
+          f"{s['gateway_share_mean']:+.2f}); paired per turn: p50 "
           f"{paired['p50']:+.2f}, p95 {paired['p95']:+.2f} ms; of which outside the gateway's clock (way in, first "
           f"token out) p50 {s['edge']['p50']:.2f} ms (the bench client's own loop lag p50 "
           f"{s['client_loop_lag']['p50']:.2f}, p99 {s['client_loop_lag']['p99']:.2f}; its threads' wait for a CPU, "

@@ -40,6 +40,12 @@ def test_a_gateway_that_adds_three_ms_a_turn_has_a_sum_form_share_of_three(chat_
     assert forms["p50_form"] == pytest.approx(33.0)
 
 
+def test_the_mean_share_is_the_mean_of_each_turns_share(chat_turn):
+    samples = turns(chat_turn, SKEWED, added_ms=0.0)
+    samples[0] = chat_turn.TurnSample(worker=0, turn=0, chat=samples[0].chat + 10.0, stages=10.0, direct=40.0)
+    assert chat_turn.share_forms(samples)["mean"] == pytest.approx(10.0 / len(SKEWED))
+
+
 def test_without_skew_the_two_forms_agree(chat_turn):
     steady = [(30.0, 40.0)] * 4 + [(31.0, 41.0)]
     forms = chat_turn.share_forms(turns(chat_turn, steady, added_ms=2.5))
