@@ -368,9 +368,9 @@ def share_forms(samples: Sequence[TurnSample]) -> dict[str, float]:
     - ``mean``: mean(Chat) - mean(stages + direct), which is also the mean of
       each turn's own share, whichever way it is taken. A difference of
       medians is not the median of the differences where the two
-      distributions differ in shape, not only in place: Chat opens its
-      inference call while its stages run, so its first token is spread
-      less than a sum of stages and a direct first token.
+      distributions differ in shape, not only in place, as they do here:
+      Chat's first token is spread less than a sum of its stages and a
+      direct first token (docs/benchmarks.md).
     """
     chat = statistics.median(s.chat for s in samples)
     stages = statistics.median(s.stages for s in samples)
