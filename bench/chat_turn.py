@@ -296,8 +296,9 @@ async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], w
                         rows["share" + suffix].append(via_gateway["ttft"] - stages - direct["ttft"])
                         # Each turn's own figures, kept in the JSON: the forms of the share can be recomputed,
                         # and a level's early turns told from its later ones.
-                        rows["turns" + suffix].append(TurnSample(worker=index, turn=turn, chat=via_gateway["ttft"],
-                                                                 stages=stages, direct=direct["ttft"]))
+                        rows["turns" + suffix].append(TurnSample(
+                            worker=index, turn=turn, chat=via_gateway["ttft"], stages=stages, direct=direct["ttft"],
+                            chat_engine=via_gateway["engine_ttft"], direct_engine=direct["engine_ttft"]))
                         # The same share, split: the engine's first token on each
                         # path (arrival at the engine to first token, the
                         # engine's clock), and everything else (hops, gateway).
@@ -340,17 +341,22 @@ def cpu_ms_per_turn(rows: dict, paths: Sequence[str]) -> dict[str, float]:
 @dataclass(frozen=True)
 class TurnSample:
     """One turn of a level on one gateway path, ms: Chat's first token, its stages (max(history, retrieval)),
-    and the same prompt's first token sent direct in the same turn."""
+    and the same prompt's first token sent direct in the same turn; and each request's first token on the
+    engine's own clock (arrival at the engine to first token), where the engine reported it."""
 
     worker: int
     turn: int  # the worker's (its session's) turn: 0 is a session's first
     chat: float
     stages: float
     direct: float
+    chat_engine: float | None = None
+    direct_engine: float | None = None
 
     def as_json(self) -> dict:
-        return {"worker": self.worker, "turn": self.turn, "chat": round(self.chat, 3),
-                "stages": round(self.stages, 3), "direct": round(self.direct, 3)}
+        figures = {"chat": self.chat, "stages": self.stages, "direct": self.direct,
+                   "chat_engine": self.chat_engine, "direct_engine": self.direct_engine}
+        return {"worker": self.worker, "turn": self.turn,
+                **{key: round(value, 3) for key, value in figures.items() if value is not None}}
 
 
 def share_forms(samples: Sequence[TurnSample]) -> dict[str, float]:

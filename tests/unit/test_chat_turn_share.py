@@ -54,5 +54,9 @@ def test_without_skew_the_two_forms_agree(chat_turn):
 
 
 def test_a_turn_sample_is_written_to_json_with_its_session_turn(chat_turn):
-    sample = chat_turn.TurnSample(worker=3, turn=0, chat=91.23456, stages=40.0, direct=45.5)
-    assert sample.as_json() == {"worker": 3, "turn": 0, "chat": 91.235, "stages": 40.0, "direct": 45.5}
+    sample = chat_turn.TurnSample(worker=3, turn=0, chat=91.23456, stages=40.0, direct=45.5,
+                                  chat_engine=30.1234, direct_engine=33.0)
+    assert sample.as_json() == {"worker": 3, "turn": 0, "chat": 91.235, "stages": 40.0, "direct": 45.5,
+                                "chat_engine": 30.123, "direct_engine": 33.0}
+    # Without the engine's own figures, the sample has none to write.
+    assert "chat_engine" not in chat_turn.TurnSample(worker=0, turn=1, chat=1.0, stages=0.5, direct=0.4).as_json()
