@@ -229,7 +229,7 @@ async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], w
             sessions = {path: [(await stub.CreateSession(pb.CreateSessionRequest(), timeout=5)).session.id
                                for _ in range(concurrency)] for path, stub in stubs.items()}
             rows = {path: [] for path in (*stubs, "direct")}
-            rows |= {f"{kind}{suffix}": [] for kind in ("share", "engine", "outside_engine", "refused", "failed",
+            rows |= {f"{kind}{suffix}": [] for kind in ("engine", "outside_engine", "refused", "failed",
                                                          "other_context", "turns")
                      for suffix in ("", "_off")}
             per_worker = max(1, turns // concurrency)
@@ -291,11 +291,9 @@ async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], w
                         rows[path].append(via_gateway)
                         if via_gateway["context"] != contexts[question]:  # degraded, or another search result
                             rows["other_context" + suffix].append(question)
-                        # Paired: this turn's gateway share, on the same prompt.
+                        # Paired: this turn's figures on the same prompt (TurnSample.share), kept in the JSON:
+                        # the forms of the share can be recomputed, and a level's early turns told from its later.
                         stages = max(via_gateway["history"], via_gateway["retrieval"])
-                        rows["share" + suffix].append(via_gateway["ttft"] - stages - direct["ttft"])
-                        # Each turn's own figures, kept in the JSON: the forms of the share can be recomputed,
-                        # and a level's early turns told from its later ones.
                         rows["turns" + suffix].append(TurnSample(
                             worker=index, turn=turn, chat=via_gateway["ttft"], stages=stages, direct=direct["ttft"],
                             chat_engine=via_gateway["engine_ttft"], direct_engine=direct["engine_ttft"]))
@@ -352,6 +350,11 @@ class TurnSample:
     chat_engine: float | None = None
     direct_engine: float | None = None
 
+    @property
+    def share(self) -> float:
+        """This turn's gateway share of the first token, paired: Chat's, less its stages and the direct one."""
+        return self.chat - self.stages - self.direct
+
     def as_json(self) -> dict:
         figures = {"chat": self.chat, "stages": self.stages, "direct": self.direct,
                    "chat_engine": self.chat_engine, "direct_engine": self.direct_engine}
@@ -360,7 +363,8 @@ class TurnSample:
 
 
 def share_forms(samples: Sequence[TurnSample]) -> dict[str, float]:
-    """The gateway's share of the first token in three forms, ms, from one level's turns.
+    """The gateway's share of the first token in three forms, and the skew between two of them, ms, from one
+    level's turns.
 
     - ``p50_form``: p50(Chat) - (p50(stages) + p50(direct)), the form judged
       since the first wave;
@@ -384,7 +388,7 @@ def share_forms(samples: Sequence[TurnSample]) -> dict[str, float]:
     expected = statistics.median(s.stages + s.direct for s in samples)
     return {"p50_form": chat - (stages + direct), "sum_form": chat - expected,
             "median_skew": expected - (stages + direct),
-            "mean": statistics.fmean(s.chat - s.stages - s.direct for s in samples)}
+            "mean": statistics.fmean(s.share for s in samples)}
 
 
 def _gateway_stats(rows: dict, path: str, suffix: str) -> dict:
@@ -392,7 +396,8 @@ def _gateway_stats(rows: dict, path: str, suffix: str) -> dict:
     g, d = rows[path], rows["direct"]
     gateway_ttft, direct_ttft = summary([r["ttft"] for r in g]), summary([r["ttft"] for r in d])
     stage = statistics.median(max(r["history"], r["retrieval"]) for r in g)
-    forms = share_forms(rows["turns" + suffix])
+    turns = rows["turns" + suffix]
+    forms = share_forms(turns)
     return {"gateway_ttft": gateway_ttft, "direct_ttft": direct_ttft,
             "gateway_total": summary([r["total"] for r in g]), "direct_total": summary([r["total"] for r in d]),
             "history_retrieval_p50": stage,
@@ -401,14 +406,14 @@ def _gateway_stats(rows: dict, path: str, suffix: str) -> dict:
             "gateway_share_p50": gateway_ttft["p50"] - (stage + direct_ttft["p50"]),
             "gateway_share_sum_form": forms["sum_form"], "median_skew": forms["median_skew"],
             "gateway_share_mean": forms["mean"],
-            # A session's first turn (its prompt uncached past the system prompt, the level's opening burst)
-            # apart from its later ones: a short level is mostly first turns at high concurrency.
+            # Sessions' first turns (the level's opening burst) apart from their later ones: a short level at high
+            # concurrency is mostly first turns.
             "paired_share_by_turn": {
-                part: statistics.median(t.chat - t.stages - t.direct for t in turns) if turns else None
-                for part, turns in (("first", [t for t in rows["turns" + suffix] if t.turn == 0]),
-                                    ("later", [t for t in rows["turns" + suffix] if t.turn > 0]))},
-            "turns": [sample.as_json() for sample in rows["turns" + suffix]],
-            "paired_share": summary(rows["share" + suffix]),
+                part: statistics.median(t.share for t in some) if some else None
+                for part, some in (("first", [t for t in turns if t.turn == 0]),
+                                   ("later", [t for t in turns if t.turn > 0]))},
+            "turns": [sample.as_json() for sample in turns],
+            "paired_share": summary([t.share for t in turns]),
             "paired_share_engine": summary(rows["engine" + suffix]),
             "paired_share_outside_engine": summary(rows["outside_engine" + suffix]),
             "engine_ttft_p50": {"gateway": statistics.median(r["engine_ttft"] for r in g),

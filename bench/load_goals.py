@@ -43,8 +43,8 @@ from pathlib import Path
 from harness import command_line, print_table, write_json
 
 BENCH = Path(__file__).resolve().parent
-#: 256 turns a level: at c=32, 64 turns were two a session (a session's first turn is its prompt uncached past the
-#: system prompt, and the level's opening burst) and their p99 the second-highest of 64 (docs/benchmarks.md).
+#: 256 turns a level: at c=32, 64 turns were two a session (half of them first turns, the level's opening burst)
+#: and their p99 the second-highest of 64 figures (docs/benchmarks.md).
 CHAT_COMMAND = ["chat_turn.py", "--turns", "256", "--concurrency", "8", "32"]
 OVERHEAD_COMMAND = ["gateway_overhead.py", "--requests", "400", "--stream-requests", "60", "--workers", "1", "--edge"]
 
