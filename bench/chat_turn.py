@@ -403,7 +403,9 @@ def _gateway_stats(rows: dict, path: str, suffix: str) -> dict:
             "history_retrieval_p50": stage,
             # Apart, to say which stage a level's first token waits on.
             "history": summary([r["history"] for r in g]), "retrieval": summary([r["retrieval"] for r in g]),
-            "gateway_share_p50": gateway_ttft["p50"] - (stage + direct_ttft["p50"]),
+            # From the same turns as the other forms, so that p50 form - sum form is the skew exactly (the direct
+            # path's p50 once included the turns the gateway refused).
+            "gateway_share_p50": forms["p50_form"],
             "gateway_share_sum_form": forms["sum_form"], "median_skew": forms["median_skew"],
             "gateway_share_mean": forms["mean"],
             # Sessions' first turns (the level's opening burst) apart from their later ones: a short level at high
