@@ -287,7 +287,7 @@ class Engine:
                             request_id=request_id,
                             finish_reason=FinishReason.TOOL_CALLS if calls else finish,
                             usage=Usage(len(token_ids), completion_tokens, output.num_cached_tokens or 0),
-                            timings=_timings(output.metrics, started),
+                            timings=engine_timings(output.metrics, started),
                             tool_calls=calls,
                             structured_output_backend=self.constraints.backend if shaped.compiled else "",
                             constraint_cache_hit=shaped.cache_hit,
@@ -395,11 +395,25 @@ def _engine_prompt(token_ids: list[int], cache_salt: str | None) -> dict:
     return {"prompt_token_ids": token_ids, **({"cache_salt": cache_salt} if cache_salt else {})}
 
 
-def _timings(metrics, started: float) -> Timings:
+def engine_timings(metrics, started: float) -> Timings:
+    """A request's timings from vLLM's own per-request stats (``RequestStateStats``), ms.
+
+    ``queue_ms`` is from the request's arrival at the engine to its scheduling,
+    as the contract says. vLLM's own queue time starts later, when the engine
+    core's scheduler takes the request in, and that misses most of the wait:
+    the engine core reads new requests only between steps, so a request that
+    arrives during a step waits for the step's end before any queue sees it
+    (on CPU, up to a whole prefill step, tens of ms under load; the scheduler's
+    own queue is then about 0). The arrival is stamped on the front end's wall
+    clock and the scheduling on the engine core's monotonic one, a process on
+    the same host (the engine runs in-process): the wall clock is brought to
+    the monotonic one by their offset now.
+    """
     total_ms = (time.perf_counter() - started) * 1000
     if metrics is None:
         return Timings(0.0, 0.0, 0.0, total_ms)
-    queue_ms = max(0.0, (metrics.scheduled_ts - metrics.queued_ts) * 1000) if metrics.scheduled_ts else 0.0
+    arrived = metrics.arrival_time - (time.time() - time.monotonic())
+    queue_ms = max(0.0, (metrics.scheduled_ts - arrived) * 1000) if metrics.scheduled_ts else 0.0
     decode_ms = max(0.0, (metrics.last_token_ts - metrics.first_token_ts) * 1000) if metrics.first_token_ts else 0.0
     return Timings(queue_ms, (metrics.first_token_latency or 0.0) * 1000, decode_ms, total_ms)
 

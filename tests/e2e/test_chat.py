@@ -103,6 +103,7 @@ async def test_timings_add_up(stub):
     # the gateway's, which also counts the stages and the hop to the engine.
     engine = final.engine_timings
     assert 0 < engine.first_token_ms < t.first_token_ms - max(t.history_ms, t.retrieval_ms), (engine, t)
+    assert 0 <= engine.queue_ms < engine.first_token_ms, engine  # arrival to scheduling, inside the first token
     assert 0 < engine.total_ms <= t.generation_ms, (engine, t)
 
 
