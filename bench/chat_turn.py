@@ -3,7 +3,8 @@
 
 Starts the stack (inference, retrieval on Qdrant Edge, the gateway with
 Postgres), ingests a sample corpus, then runs Chat turns (session history plus
-retrieval plus `--max-tokens` generated, 16 by default) and, interleaved, the very prompt the
+retrieval plus `--max-tokens` generated, 16 by default; each session asks its
+questions in an order of its own, ``session_questions``) and, interleaved, the very prompt the
 gateway builds for that turn (same history, same retrieved context) sent
 straight to the inference service, in a prefix-cache partition of its own (a
 cache salt) so that neither path reuses the other's prompt: each finds cached
@@ -53,6 +54,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 
 import grpc
 import statistics
@@ -95,6 +97,23 @@ def _documents() -> list[retrieval_pb2.Document]:
 def context_block(documents) -> str:
     """The passages as the gateway's prompt numbers them (``gateway.prompt.user_turn``)."""
     return "\n".join(f"[{i + 1}] {d.payload['text']}" for i, d in enumerate(documents))
+
+
+def session_questions(level: int, worker: int):
+    """A session's questions, in an order of its own (seeded: the same in every run).
+
+    The answers are greedy and of fixed length, so a session's history is a
+    function of its questions. Until 2026-12-06 worker i asked question
+    (i + turn) mod 6, so sessions six workers apart held the same history
+    turn for turn, and once the history window slid every session's prompt
+    was one another session had sent before: at c=8 about half the turns
+    found their whole prompt cached (by whichever path's partition got there
+    first), which no real agent's sessions do. Drawn at random, two sessions
+    share a first question, as real ones do, and rarely their first three.
+    """
+    draw = random.Random(f"{level}:{worker}")
+    while True:
+        yield draw.choice(QUESTIONS)
 
 
 async def question_contexts(gateway, questions) -> dict[str, str]:
@@ -153,7 +172,7 @@ async def gateway_turn(stub, session: str, question: str, generation: inference_
             # handler runs) and the first token's way out.
             "edge": first - final.timings.first_token_ms,
             "history": final.timings.history_ms, "retrieval": final.timings.retrieval_ms,
-            "engine_ttft": final.engine_timings.first_token_ms,
+            "engine_ttft": final.engine_timings.first_token_ms, "engine_queue": final.engine_timings.queue_ms,
             "cached": final.usage.cached_prompt_tokens, "prompt": final.usage.prompt_tokens}
 
 
@@ -170,7 +189,7 @@ async def direct_turn(stub, messages: list[inference_pb2.ChatMessage], generatio
     if first is None:
         raise RuntimeError(f"a turn without a token: {result}")
     return {"ttft": first, "total": (time.perf_counter() - started) * 1000,
-            "engine_ttft": result.timings.first_token_ms,
+            "engine_ttft": result.timings.first_token_ms, "engine_queue": result.timings.queue_ms,
             "cached": result.usage.cached_prompt_tokens, "prompt": result.usage.prompt_tokens}
 
 
@@ -253,8 +272,9 @@ async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], w
                                                   content=f"Context:\n{block}\n\nQuestion: {question}")]
 
             async def worker(index: int):
+                questions = session_questions(concurrency, index)
                 for turn in range(per_worker):
-                    question = QUESTIONS[(index + turn) % len(QUESTIONS)]
+                    question = next(questions)
                     prompt = same_prompt(sessions["gateway"][index], question)
                     # The direct path runs in its own prefix-cache partition
                     # (a cache salt), so each path finds in the cache exactly
@@ -274,7 +294,8 @@ async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], w
                     order = list(calls)
                     shift = (index + turn // len(QUESTIONS)) % len(order)
                     measured = {}
-                    for path in order[shift:] + order[:shift]:
+                    ran = order[shift:] + order[:shift]
+                    for path in ran:
                         try:
                             measured[path] = await calls[path]()
                         except grpc.aio.AioRpcError as error:  # counted, not timed; the run goes on
@@ -296,7 +317,10 @@ async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], w
                         stages = max(via_gateway["history"], via_gateway["retrieval"])
                         rows["turns" + suffix].append(TurnSample(
                             worker=index, turn=turn, chat=via_gateway["ttft"], stages=stages, direct=direct["ttft"],
-                            chat_engine=via_gateway["engine_ttft"], direct_engine=direct["engine_ttft"]))
+                            chat_engine=via_gateway["engine_ttft"], direct_engine=direct["engine_ttft"],
+                            chat_first=ran.index(path) < ran.index("direct"),
+                            engine_queue=(via_gateway["engine_queue"], direct["engine_queue"]),
+                            uncached=(via_gateway["prompt"] - via_gateway["cached"], direct["prompt"] - direct["cached"])))
                         # The same share, split: the engine's first token on each
                         # path (arrival at the engine to first token, the
                         # engine's clock), and everything else (hops, gateway).
@@ -349,6 +373,9 @@ class TurnSample:
     direct: float
     chat_engine: float | None = None
     direct_engine: float | None = None
+    chat_first: bool | None = None  # whether Chat ran before the direct call in this turn
+    engine_queue: tuple[float, float] | None = None  # arrival at the engine to scheduling, (Chat's, direct's), ms
+    uncached: tuple[int, int] | None = None  # prompt tokens the engine prefilled, (Chat's, direct's)
 
     @property
     def share(self) -> float:
@@ -358,8 +385,11 @@ class TurnSample:
     def as_json(self) -> dict:
         figures = {"chat": self.chat, "stages": self.stages, "direct": self.direct,
                    "chat_engine": self.chat_engine, "direct_engine": self.direct_engine}
+        pairs = {"engine_queue": self.engine_queue and [round(v, 3) for v in self.engine_queue],
+                 "uncached": self.uncached and list(self.uncached), "chat_first": self.chat_first}
         return {"worker": self.worker, "turn": self.turn,
-                **{key: round(value, 3) for key, value in figures.items() if value is not None}}
+                **{key: round(value, 3) for key, value in figures.items() if value is not None},
+                **{key: value for key, value in pairs.items() if value is not None}}
 
 
 def share_forms(samples: Sequence[TurnSample]) -> dict[str, float]:
@@ -420,6 +450,10 @@ def _gateway_stats(rows: dict, path: str, suffix: str) -> dict:
             "paired_share_outside_engine": summary(rows["outside_engine" + suffix]),
             "engine_ttft_p50": {"gateway": statistics.median(r["engine_ttft"] for r in g),
                                 "direct": statistics.median(r["engine_ttft"] for r in d)},
+            # The engine's queue, paired: arrival at the engine to scheduling, mostly the wait for the step in
+            # progress (on CPU a prefill step is tens of ms), where requests that follow a stage land otherwise
+            # than a closed-loop client's, which follow the step that ended its previous call.
+            "paired_engine_queue": summary([t.engine_queue[0] - t.engine_queue[1] for t in turns if t.engine_queue]),
             "edge": summary([r["edge"] for r in g]), "client_loop_lag": summary(rows["client_lag"]),
             "client_runqueue_wait_ms_per_s": rows["client_wait"],
             "cpu_ms_per_turn": cpu_ms_per_turn(rows, [p for p in ("gateway", "gateway_off") if p in rows]),
@@ -486,7 +520,9 @@ def _report(level: str, concurrency: int, label: str, s: dict) -> None:
     print(f"     split, paired p50: the engine's first token {s['paired_share_engine']['p50']:+.2f} ms "
           f"(engine TTFT p50 gateway {s['engine_ttft_p50']['gateway']:.2f}, "
           f"direct {s['engine_ttft_p50']['direct']:.2f}), "
-          f"the rest (hops and gateway) {s['paired_share_outside_engine']['p50']:+.2f} ms")
+          f"the rest (hops and gateway) {s['paired_share_outside_engine']['p50']:+.2f} ms; "
+          f"the engine's queue (arrival to scheduling), paired: p50 {s['paired_engine_queue']['p50']:+.2f}, "
+          f"mean {s['paired_engine_queue']['mean']:+.2f} ms")
 
 
 def _start_edge(workdir: Path, tls: Path, ports: dict[str, int], gateway_port: int, started: list) -> int:

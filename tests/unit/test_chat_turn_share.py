@@ -1,10 +1,13 @@
-"""bench/chat_turn.py's forms of the gateway's share of the first token, on turns whose answer is known.
+"""bench/chat_turn.py's forms of the gateway's share of the first token, on turns whose answer is known, and
+its sessions' questions.
 
 The bench itself runs by hand (`tests/unit/test_bench_scripts.py` checks that
 it starts); these check the arithmetic its verdicts rest on.
 """
 
 from __future__ import annotations
+
+from itertools import islice
 
 import pytest
 
@@ -60,3 +63,16 @@ def test_a_turn_sample_is_written_to_json_with_its_session_turn(chat_turn):
                                 "chat_engine": 30.123, "direct_engine": 33.0}
     # Without the engine's own figures, the sample has none to write.
     assert "chat_engine" not in chat_turn.TurnSample(worker=0, turn=1, chat=1.0, stages=0.5, direct=0.4).as_json()
+
+
+def test_sessions_ask_their_questions_in_orders_of_their_own(chat_turn):
+    """Sessions that ask alike hold the same history and find one another's prompts cached (until 2026-12-06
+    sessions six workers apart did), which real agents' sessions do not; the orders are seeded, so every run
+    asks the same."""
+    def orders():
+        return [tuple(islice(chat_turn.session_questions(32, worker), 8)) for worker in range(32)]
+
+    first = orders()
+    assert first == orders()
+    assert len(set(first)) == 32
+    assert {q for order in first for q in order} == set(chat_turn.QUESTIONS)
