@@ -46,7 +46,7 @@ gateways on the same turns.
 (so that the load generator, which a real deployment runs elsewhere, competes
 for CPU as the backends do): only the gateway and Postgres keep nice 0.
 
-    python bench/chat_turn.py [--turns 50] [--max-tokens 16] [--window-step 16] [--side-by-side early|prefill] [--backend-nice 5] [--json bench/out/chat.json]
+    python bench/chat_turn.py [--turns 50] [--max-tokens 16] [--window-step 16] [--side-by-side early|prefill] [--no-retrieval] [--backend-nice 5] [--json bench/out/chat.json]
 """
 
 from __future__ import annotations
@@ -148,13 +148,15 @@ async def sessions_unlike_the_store(gateway, kept: dict[str, list[pb.Message]]) 
     return unlike
 
 
-async def gateway_turn(stub, session: str, question: str, generation: inference_pb2.SamplingParams) -> dict:
+async def gateway_turn(stub, session: str, question: str, generation: inference_pb2.SamplingParams,
+                       retrieve: bool = True) -> dict:
     started = time.perf_counter()
     first = final = context = None
     answer = []
+    retrieval = pb.RetrievalOptions(collection="docs", top_k=3) if retrieve else None
     async for event in stub.Chat(pb.ChatRequest(
             session_id=session, message=question, system_prompt=SYSTEM, generation=generation,
-            retrieval=pb.RetrievalOptions(collection="docs", top_k=3)), timeout=60):
+            retrieval=retrieval), timeout=60):
         kind = event.WhichOneof("event")
         if kind == "delta":
             if first is None:
@@ -223,7 +225,7 @@ SIDE_BY_SIDE = {"early": ("early call off", {"AGW_GATEWAY_OPEN_GENERATE_EARLY": 
 
 
 async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], window: GatewaySettings,
-              generation: inference_pb2.SamplingParams, meter: CpuMeter) -> dict:
+              generation: inference_pb2.SamplingParams, meter: CpuMeter, retrieve: bool = True) -> dict:
     def channel(port, identity):
         return open_channel(ChannelSpec(target=f"127.0.0.1:{port}", tls=ClientTls.for_identity(tls, identity)))
 
@@ -242,7 +244,8 @@ async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], w
         await wait_ready(inf_channel, timeout_s=30, target="inference")
         gateway = stubs["gateway"]
         inference = inference_pb2_grpc.InferenceStub(inf_channel)
-        contexts = await question_contexts(gateway, QUESTIONS)
+        # Without retrieval (--no-retrieval) a turn's prompt ends with the question alone, and Chat sends no context.
+        contexts = await question_contexts(gateway, QUESTIONS) if retrieve else dict.fromkeys(QUESTIONS)
         results = []
         for concurrency in levels:
             sessions = {path: [(await stub.CreateSession(pb.CreateSessionRequest(), timeout=5)).session.id
@@ -266,10 +269,10 @@ async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], w
                                          token_budget=window.history_token_budget,
                                          step=window.history_window_step).messages
                 block = contexts[question]
+                user = question if block is None else f"Context:\n{block}\n\nQuestion: {question}"
                 return [inference_pb2.ChatMessage(role=inference_pb2.ROLE_SYSTEM, content=SYSTEM),
                         *(inference_pb2.ChatMessage(role=m.role, content=m.content) for m in history),
-                        inference_pb2.ChatMessage(role=inference_pb2.ROLE_USER,
-                                                  content=f"Context:\n{block}\n\nQuestion: {question}")]
+                        inference_pb2.ChatMessage(role=inference_pb2.ROLE_USER, content=user)]
 
             async def worker(index: int):
                 questions = session_questions(concurrency, index)
@@ -288,7 +291,8 @@ async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], w
                     # engine handed c prompts together) falls on all paths
                     # alike. Until 2026-12-06 every worker called the gateway
                     # first, and Chat's first turns took the whole burst.
-                    calls = {path: (lambda path=path: gateway_turn(stubs[path], sessions[path][index], question, generation))
+                    calls = {path: (lambda path=path: gateway_turn(stubs[path], sessions[path][index], question,
+                                                                   generation, retrieve))
                              for path in stubs}
                     calls["direct"] = lambda: direct_turn(inference, prompt, generation)
                     order = list(calls)
@@ -560,6 +564,8 @@ def main() -> int:
     parser.add_argument("--edge", action="store_true",
                         help="Chat through the edge (Envoy as `agentgw up --edge` runs it) in front of the gateway: "
                              "the share then includes Envoy's hop")
+    parser.add_argument("--no-retrieval", action="store_true",
+                        help="turns without retrieval (an agent's tool-loop steps): the stages are the history alone")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     step = {} if args.window_step is None else {"history_window_step": args.window_step}
@@ -595,7 +601,7 @@ def main() -> int:
             "postgres": lambda: [ports["postgres_pid"], *descendants(ports["postgres_pid"])],
             "client": lambda: [os.getpid()]})
         results = asyncio.run(run(ports, tls, args.turns, args.concurrency, window,
-                                  sampling(args.max_tokens, args.temperature), meter))
+                                  sampling(args.max_tokens, args.temperature), meter, not args.no_retrieval))
 
     table, stats = [], {}
     off_label = SIDE_BY_SIDE[args.side_by_side][0] if args.side_by_side else ""
