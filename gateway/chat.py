@@ -76,6 +76,12 @@ def _storable(text: str) -> str:
     return text.replace("\x00", "\ufffd")
 
 
+def _searches(request: TurnRequest) -> bool:
+    """Whether the turn has a retrieval stage: asked for, and a message to search with (a turn of tool results
+    alone has none)."""
+    return request.retrieval is not None and bool(request.message)
+
+
 def estimate_tokens(text: str) -> int:
     """About four characters a token: for the history budget, not for billing."""
     return max(1, len(text) // 4)
@@ -146,9 +152,9 @@ class ChatTurns:
         return history_messages(window.messages), window.trimmed, unprefilled_tokens(rows)
 
     async def _retrieve(self, tenant: str, request: TurnRequest, context) -> list[retrieval_pb2.ScoredDocument]:
-        ask = request.retrieval
-        if ask is None or not request.message:  # a turn of tool results alone has nothing to search with
+        if not _searches(request):
             return []
+        ask = request.retrieval
         search = retrieval_pb2.SearchRequest(
             collection=physical_collection(tenant, ask.collection, "retrieval.collection"),
             text=request.message, top_k=ask.top_k or self.settings.retrieval_top_k,
@@ -243,7 +249,12 @@ class ChatTurns:
             _timed("retrieval", self._retrieve(turn.tenant, turn.request, context), self.settings.retrieval_budget_s),
         )
         try:
-            if self.settings.open_generate_early and self.backends.inference_opens_early:
+            # Only a search is long enough to hide the early call. Without one the
+            # stages are the history read (1-2 ms), and the call's extra messages
+            # (the prefix sent apart, the prompt tokenized in two parts) and its
+            # opening, which delays that read, cost more than they save: 1 ms
+            # at c=1 p50, and 1.7 ms of the share's mean at c=8 (docs/benchmarks.md).
+            if self.settings.open_generate_early and self.backends.inference_opens_early and _searches(turn.request):
                 await asyncio.sleep(0)  # the stages' own calls go out first
                 call.open_early()
             (history, history_error, turn.timings.history_ms), (documents, retrieval_error, turn.timings.retrieval_ms) = \

@@ -146,10 +146,11 @@ class GatewaySettings(ServiceSettings, PublicApiSettings):
         description="The history window starts on a multiple of this many messages, so long sessions keep hitting "
         "the prefix cache; even, so the window opens on a user message.")
     open_generate_early: bool = Field(
-        True, description="Open each turn's inference call (OpenGenerate) while history and retrieval run, send the "
-        "system prompt and history on it once loaded (tokenized while retrieval runs), and the request when the prompt "
-        "is ready: the call's setup and most tokenizing leave the first token's path. Off: a Generate call "
-        "once the prompt is ready (also the fallback when the inference service lacks OpenGenerate).")
+        True, description="In turns that search, open the inference call (OpenGenerate) while history and retrieval "
+        "run, send the system prompt and history on it once loaded (tokenized while retrieval runs), and the request "
+        "when the prompt is ready: the call's setup and most tokenizing leave the first token's path. Turns without "
+        "a search, and all turns when off: a Generate call once the prompt is ready (also the fallback when the "
+        "inference service lacks OpenGenerate).")
     prefill_prefix: bool = Field(
         True, description="With the early call: ask the inference service to prefill the system prompt and history "
         "it sent ahead while retrieval runs (it does when its engine has room), so the request prefills only the "

@@ -355,11 +355,12 @@ async def _inference_channels(port: int, pki) -> tuple[int, list[int]]:
 
 
 async def test_a_turn_failing_before_it_generates_closes_its_early_inference_call(stub, gateway, pki):
-    # The turn's inference call is opened while history and retrieval run
-    # (AGW_GATEWAY_OPEN_GENERATE_EARLY); a turn that fails there must end it.
+    # A turn that searches opens its inference call while history and retrieval
+    # run (AGW_GATEWAY_OPEN_GENERATE_EARLY); a turn that fails there must end it.
     calls_before, _ = await _inference_channels(gateway.port, pki)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await _turn(stub, session_id=str(uuid.uuid4()), message="Is anyone there?")
+        await _turn(stub, session_id=str(uuid.uuid4()), message="Is anyone there?",
+                    retrieval=pb.RetrievalOptions(collection="pydoc"))
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
     for _ in range(20):  # the gateway's cleanup runs as the call ends; give it its turn
         calls_after, in_flight = await _inference_channels(gateway.port, pki)

@@ -221,7 +221,7 @@ async def test_a_killed_replica_leaves_routing_retries_only_turns_without_a_toke
         [(stub, app)] = await _gateways(stack, tmp_path, pki, database_url, (inference_service, second_replica),
                                         routing_load_margin=8)
         session, queued_session = await _sessions_on(stub, addresses, 1, 2)
-        for owned in (session, queued_session):  # history, so each turn's early call sends a prefix
+        for owned in (session, queued_session):  # history, so each later turn's prompt carries it
             await _turn(stub, owned)
         doomed, survivor = _replica(app, addresses[1]), _replica(app, addresses[0])
         # Long enough to still run when the replica dies: the gateway reads the engine's stream into its pending
@@ -244,7 +244,7 @@ async def test_a_killed_replica_leaves_routing_retries_only_turns_without_a_toke
             while await streaming.read() is not grpc.aio.EOF:
                 pass
         assert caught.value.code() == grpc.StatusCode.UNAVAILABLE  # after its first token: no retry
-        await queued  # before its first token: retried on the survivor (a new early call, its prefix resent)
+        await queued  # before its first token: retried on the survivor (a new call, its whole prompt resent)
         assert survivor.routed[Reason.RETRY] == 1
         for call in busy:
             call.cancel()

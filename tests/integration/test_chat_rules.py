@@ -1,6 +1,7 @@
 """The Chat turn's rules, without an engine: the scripted inference service records the prompts the gateway lays out.
 
-Fast (seconds): the early call with the history sent ahead, the history window
+Fast (seconds): the early call with the history sent ahead in turns that
+search, one Generate call in turns that do not, the history window
 moving in steps, persist-before-final, the fallback to Generate for an
 inference service without OpenGenerate, and a history past its budget failing
 the turn. Degrading and idempotency are in
@@ -17,15 +18,25 @@ import pytest
 
 from agent.gateway.v1 import gateway_pb2 as pb
 from agent.inference.v1 import inference_pb2
+from retrieval.ingest import sample_corpus
 from tests.support.gateway_stack import gateway_server, gateway_stub
-from tests.support.retrieval_service import retrieval_server
+from tests.support.retrieval_service import passage_documents, retrieval_server
 from tests.support.servers import scripted_app
 
 pytestmark = pytest.mark.integration
 
 
+#: A search in each turn: the stage the early inference call opens behind.
+SEARCH = pb.RetrievalOptions(collection="docs", top_k=1)
+
+
 async def _turn(stub, **fields) -> list[pb.ChatResponse]:
     return [event async for event in stub.Chat(pb.ChatRequest(**fields), timeout=20)]
+
+
+async def _ingest_docs(stub) -> None:
+    await stub.IngestDocuments(pb.IngestDocumentsRequest(
+        collection="docs", documents=passage_documents(sample_corpus(max_per_topic=1)[:4])), timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -36,22 +47,23 @@ async def rules(tmp_path_factory, pki, database_url):
                            history_messages=4, history_window_step=4, prefill_min_tokens=20) as (gateway, _):
         async with gateway_stub(gateway.port, pki.root) as stub, \
                 gateway_stub(gateway.port, pki.root) as reader:
+            await _ingest_docs(stub)
             yield stub, reader, scripted.servicer
 
 
 async def test_the_early_call_carries_the_history_ahead_of_the_request(rules):
     stub, _, scripted = rules
     session = (await stub.CreateSession(pb.CreateSessionRequest(), timeout=10)).session.id
-    await _turn(stub, session_id=session, message="tokens=1 first")
+    await _turn(stub, session_id=session, message="tokens=1 first", retrieval=SEARCH)
     opened = scripted.calls.get("OpenGenerate", 0)
-    await _turn(stub, session_id=session, message="tokens=1 second", system_prompt="Be brief.")
+    await _turn(stub, session_id=session, message="tokens=1 second", system_prompt="Be brief.", retrieval=SEARCH)
     assert scripted.calls["OpenGenerate"] == opened + 1  # the turn's call was OpenGenerate, not Generate
     prefix, request = scripted.prefixes[-1], scripted.requests[-1]
     assert [(m.role, m.content) for m in prefix.messages] == [
         (inference_pb2.ROLE_SYSTEM, "Be brief."), (inference_pb2.ROLE_USER, "tokens=1 first"),
         (inference_pb2.ROLE_ASSISTANT, "t0 ")]
     assert list(request.chat.messages)[:3] == list(prefix.messages)  # the request starts with what came ahead
-    assert request.chat.messages[-1].content == "tokens=1 second"
+    assert request.chat.messages[-1].content.endswith("\n\nQuestion: tokens=1 second")  # after the passage
     # The first turn's question and answer are a few tokens: below prefill_min_tokens, no prefill is asked.
     assert scripted.prefill_salts[-1] is None
 
@@ -59,10 +71,23 @@ async def test_the_early_call_carries_the_history_ahead_of_the_request(rules):
 async def test_the_early_call_asks_for_a_prefill_when_enough_of_the_history_is_new_to_the_cache(rules):
     stub, _, scripted = rules
     session = (await stub.CreateSession(pb.CreateSessionRequest(), timeout=10)).session.id
-    await _turn(stub, session_id=session, message="tokens=1 " + "a long tool output " * 5)  # about 25 tokens
-    await _turn(stub, session_id=session, message="tokens=1 next")
+    await _turn(stub, session_id=session, message="tokens=1 " + "a long tool output " * 5,  # about 25 tokens
+                retrieval=SEARCH)
+    await _turn(stub, session_id=session, message="tokens=1 next", retrieval=SEARCH)
     # Prefilled under the request's own salt (the tenant's), or the engine's cache would keep it apart.
     assert scripted.prefill_salts[-1] == scripted.requests[-1].cache_salt != ""
+
+
+async def test_a_turn_without_a_search_is_one_generate_call_with_the_whole_prompt(rules):
+    # Only a search hides the early call; behind the history read alone it costs more than it saves.
+    stub, _, scripted = rules
+    session = (await stub.CreateSession(pb.CreateSessionRequest(), timeout=10)).session.id
+    await _turn(stub, session_id=session, message="tokens=1 first")
+    opened, generated = scripted.calls.get("OpenGenerate", 0), scripted.generations
+    events = await _turn(stub, session_id=session, message="tokens=1 second")
+    assert (scripted.calls.get("OpenGenerate", 0), scripted.generations) == (opened, generated + 1)
+    assert [m.content for m in scripted.requests[-1].chat.messages][1:] == ["tokens=1 first", "t0 ", "tokens=1 second"]
+    assert "".join(e.delta.text for e in events if e.HasField("delta")) == "t0 "
 
 
 async def test_the_history_window_moves_in_steps(rules):
@@ -97,8 +122,9 @@ async def test_turns_fall_back_to_generate_where_the_inference_service_lacks_ope
             retrieval_server(tmp_path / "retrieval", pki.root) as (retrieval, _), \
             gateway_server(pki.root, inference.port, retrieval.port, database_url=database_url) as (gateway, app):
         async with gateway_stub(gateway.port, pki.root) as stub:
+            await _ingest_docs(stub)
             for _ in range(2):
-                events = await _turn(stub, message="Hello?")
+                events = await _turn(stub, message="Hello?", retrieval=SEARCH)
                 assert "".join(e.delta.text for e in events if e.HasField("delta")) == "t0 t1 t2 "
                 assert not events[-1].final.degraded
         assert not app.servicer.backends.inference_opens_early  # it stopped trying after the first refusal

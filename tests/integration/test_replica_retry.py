@@ -17,8 +17,9 @@ from agent.gateway.v1 import gateway_pb2 as pb
 from agent.inference.v1 import inference_pb2
 from gateway.routing import prefix_key, rank, session_key
 from servicekit.tenancy import cache_salt_for
+from retrieval.ingest import sample_corpus
 from tests.support.gateway_stack import gateway_server, gateway_stub
-from tests.support.retrieval_service import retrieval_server
+from tests.support.retrieval_service import passage_documents, retrieval_server
 from tests.support.servers import scripted_app
 
 TENANT = "dev"
@@ -57,9 +58,13 @@ async def test_a_turn_refused_before_its_first_token_is_retried_once_on_the_next
         (failing, serving), addresses, stub, app = await _stack(
             stack, tmp_path, pki, database_url, {"fail_generate": True}, {})
         session = await _session_ranked_first_on(stub, addresses, 0)
+        await stub.IngestDocuments(pb.IngestDocumentsRequest(
+            collection="docs", documents=passage_documents(sample_corpus(max_per_topic=1)[:4])), timeout=60)
+        search = pb.RetrievalOptions(collection="docs", top_k=1)  # a turn that searches opens its call early
         # A first turn (it too is retried), so the second has history: its early call sends a prefix.
         for message in ("tokens=2", "tokens=3"):
-            events = [e async for e in stub.Chat(pb.ChatRequest(session_id=session, message=message), timeout=10)]
+            events = [e async for e in stub.Chat(pb.ChatRequest(session_id=session, message=message,
+                                                                retrieval=search), timeout=10)]
             assert events[-1].HasField("final"), events
         assert failing.calls.get("OpenGenerate") == 2 and failing.generations == 2  # tried first, each time
         assert serving.calls.get("OpenGenerate") == 2 and serving.generations == 2
@@ -72,8 +77,13 @@ async def test_a_turn_refused_before_its_first_token_is_retried_once_on_the_next
         assert resent.messages[1].content == "tokens=2"
         assert _routed(app, addresses[0]).routed_affinity == 2
         assert _routed(app, addresses[1]).routed_retry == 2
+        # A turn without a search is one Generate call, retried the same way.
+        events = [e async for e in stub.Chat(pb.ChatRequest(session_id=session, message="tokens=1"), timeout=10)]
+        assert events[-1].HasField("final"), events
+        assert (failing.generations, serving.generations) == (3, 3)
+        assert (failing.calls.get("OpenGenerate"), serving.calls.get("OpenGenerate")) == (2, 2)
         stored = await stub.ListMessages(pb.ListMessagesRequest(session_id=session), timeout=5)
-        assert [m.role for m in stored.messages].count(inference_pb2.ROLE_ASSISTANT) == 2
+        assert [m.role for m in stored.messages].count(inference_pb2.ROLE_ASSISTANT) == 3
 
 
 async def test_generate_refused_before_its_first_message_is_retried_on_the_next_replica(tmp_path, pki,
