@@ -251,8 +251,7 @@ async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], w
             sessions = {path: [(await stub.CreateSession(pb.CreateSessionRequest(), timeout=5)).session.id
                                for _ in range(concurrency)] for path, stub in stubs.items()}
             rows = {path: [] for path in (*stubs, "direct")}
-            rows |= {f"{kind}{suffix}": [] for kind in ("engine", "outside_engine", "refused", "failed",
-                                                         "other_context", "turns")
+            rows |= {f"{kind}{suffix}": [] for kind in ("refused", "failed", "other_context", "turns")
                      for suffix in ("", "_off")}
             per_worker = max(1, turns // concurrency)
 
@@ -325,13 +324,6 @@ async def run(ports: dict[str, int], tls: Path, turns: int, levels: list[int], w
                             chat_first=ran.index(path) < ran.index("direct"),
                             engine_queue=(via_gateway["engine_queue"], direct["engine_queue"]),
                             uncached=(via_gateway["prompt"] - via_gateway["cached"], direct["prompt"] - direct["cached"])))
-                        # The same share, split: the engine's first token on each
-                        # path (arrival at the engine to first token, the
-                        # engine's clock), and everything else (hops, gateway).
-                        rows["engine" + suffix].append(via_gateway["engine_ttft"] - direct["engine_ttft"])
-                        rows["outside_engine" + suffix].append(
-                            (via_gateway["ttft"] - stages - via_gateway["engine_ttft"])
-                            - (direct["ttft"] - direct["engine_ttft"]))
                     rows["direct"].append(direct)
                     if "gateway" in measured:
                         remember_turn(stored[sessions["gateway"][index]], question, measured["gateway"])
@@ -385,6 +377,12 @@ class TurnSample:
     def share(self) -> float:
         """This turn's gateway share of the first token, paired: Chat's, less its stages and the direct one."""
         return self.chat - self.stages - self.direct
+
+    @property
+    def engine_share(self) -> float:
+        """The share's part on the engine's clock (arrival at the engine to first token): Chat's request's less
+        the direct one's. The rest, :attr:`share` less this, is outside the engine (hops, and the gateway)."""
+        return self.chat_engine - self.direct_engine
 
     def as_json(self) -> dict:
         figures = {"chat": self.chat, "stages": self.stages, "direct": self.direct,
@@ -450,8 +448,8 @@ def _gateway_stats(rows: dict, path: str, suffix: str) -> dict:
                                    ("later", [t for t in turns if t.turn > 0]))},
             "turns": [sample.as_json() for sample in turns],
             "paired_share": summary([t.share for t in turns]),
-            "paired_share_engine": summary(rows["engine" + suffix]),
-            "paired_share_outside_engine": summary(rows["outside_engine" + suffix]),
+            "paired_share_engine": summary([t.engine_share for t in turns]),
+            "paired_share_outside_engine": summary([t.share - t.engine_share for t in turns]),
             "engine_ttft_p50": {"gateway": statistics.median(r["engine_ttft"] for r in g),
                                 "direct": statistics.median(r["engine_ttft"] for r in d)},
             # The engine's queue, paired: arrival at the engine to scheduling, mostly the wait for the step in

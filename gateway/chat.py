@@ -240,7 +240,7 @@ class ChatTurns:
             outcome = loaded, _error, _ms = await _timed(
                 "history", self._history(turn.tenant, session_id, turn.request.tool_results),
                 self.settings.history_budget_s)
-            if loaded and loaded[0]:
+            if loaded and loaded[0] and call.opened_early:  # a plain Generate carries the whole prompt at once
                 await self._send_prefix(turn, call, *loaded)
             return outcome
 

@@ -65,6 +65,15 @@ def test_a_turn_sample_is_written_to_json_with_its_session_turn(chat_turn):
     assert "chat_engine" not in chat_turn.TurnSample(worker=0, turn=1, chat=1.0, stages=0.5, direct=0.4).as_json()
 
 
+def test_a_turns_share_splits_into_the_engines_part_and_the_rest(chat_turn):
+    # Chat: 40 ms of stages, the engine 30 ms, 21.2 ms of hops and gateway; direct: the engine 33 ms, 12.5 of hop.
+    sample = chat_turn.TurnSample(worker=0, turn=2, chat=91.2, stages=40.0, direct=45.5,
+                                  chat_engine=30.0, direct_engine=33.0)
+    assert sample.share == pytest.approx(5.7)
+    assert sample.engine_share == pytest.approx(-3.0)
+    assert sample.share - sample.engine_share == pytest.approx((91.2 - 40.0 - 30.0) - (45.5 - 33.0))
+
+
 def test_sessions_ask_their_questions_in_orders_of_their_own(chat_turn):
     """Sessions that ask alike hold the same history and find one another's prompts cached (until 2026-12-06
     sessions six workers apart did), which real agents' sessions do not; the orders are seeded, so every run
