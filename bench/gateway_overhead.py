@@ -11,8 +11,11 @@ run and with mTLS everywhere:
 - streaming: Generate of 32 tokens;
 at concurrency 1, 16 and 64, over two long-lived client connections per path
 (so two gateway workers, or two Envoy worker threads, share the load).
-Reports p50/p99 latency, throughput, the added p50 against direct, and the
-throughput ratio to direct; and the CPU each process spent per token
+Each level runs in rounds (`--rounds`, 8): a round runs every path back to
+back, their order rotating from round to round, and the added p50 against
+direct is the median of the rounds' paired differences. Reports p50/p99
+latency (over all rounds), throughput, the added p50, and the throughput
+ratio to direct; and the CPU each process spent per token
 forwarded (streams) or per call (unary), from /proc/<pid>/stat before and
 after each run: the proxy on the path (gateway workers or Envoy), the
 inference service's own process, and vLLM's engine processes apart. For the
@@ -22,7 +25,7 @@ threads are the rest), and, before the runs, every process's CPU while no call
 runs (`--idle-s`). Messages per call are counted at the client (tokens do not
 change under coalescing; messages may).
 
-    python bench/gateway_overhead.py [--requests 300] [--workers 1,2] [--smg] [--bare] [--edge] [--json bench/out/overhead.json]
+    python bench/gateway_overhead.py [--requests 300] [--rounds 8] [--workers 1,2] [--smg] [--bare] [--edge] [--json bench/out/overhead.json]
 
 `--bare` adds a path through a bare grpc.aio passthrough on uvloop, as the
 gateway runs, in front of retrieval (unary) and inference (`Generate`, read
@@ -57,6 +60,7 @@ from harness import (
     BACKEND_KV_CACHE_GIB,
     CpuMeter,
     UNBOUNDED_ADMISSION,
+    added_p50,
     backend_processes,
     command_line,
     dev_pki,
@@ -175,24 +179,50 @@ async def run_level(calls, concurrency: int, total: int) -> tuple[list[float], f
     return latencies, total / (time.perf_counter() - started), messages
 
 
-async def run_levels(paths: dict[str, list], kind: str, total: int, meter: CpuMeter, connections: int) -> list[dict]:
-    """Every path at each level in ``CONCURRENCY``, paths back to back at a level (the same noise for all)."""
+async def run_levels(paths: dict[str, list], kind: str, total: int, meter: CpuMeter, connections: int,
+                     rounds: int = 1) -> list[dict]:
+    """Every path at each level in ``CONCURRENCY``, in ``rounds`` rounds of at least ``concurrency`` calls each.
+
+    A round runs every path back to back, in an order that rotates from
+    round to round, so the host's drift and the engine's batching fall on
+    all paths alike and each round pairs them: a row keeps its path's p50 of
+    every round (``round_p50``), and its added p50 is the median of the
+    rounds' paired differences (``harness.added_p50``). One round of 60
+    streams at c=64 is a single batch of the engine's, whose p50 moved by
+    ±100 ms from run to run (docs/benchmarks.md).
+    """
     for calls in paths.values():  # warm every path and connection
         await run_level(calls, 4 * connections, 20 * connections)
     rows = []
+    names = list(paths)
     for concurrency in CONCURRENCY:
-        for name, calls in paths.items():
-            before, started = meter.sample(), time.perf_counter()
-            latencies, throughput, messages = await run_level(calls, concurrency, total)
-            rows.append({"kind": kind, "concurrency": concurrency, "path": name, **summary(latencies),
-                         "throughput": throughput, "calls": total, "messages": messages,
-                         "tokens": total * MAX_TOKENS if kind == "stream" else 0,
-                         "cpu_s": CpuMeter.spent(before, meter.sample()), "seconds": time.perf_counter() - started})
+        per_round = max(concurrency, -(-total // rounds))  # a round keeps every worker busy
+        runs = {name: {"latencies": [], "round_p50": [], "busy_s": 0.0, "seconds": 0.0, "messages": 0, "cpu_s": {}}
+                for name in names}
+        for round_ in range(rounds):
+            shift = round_ % len(names)
+            for name in names[shift:] + names[:shift]:
+                before, started = meter.sample(), time.perf_counter()
+                latencies, throughput, messages = await run_level(paths[name], concurrency, per_round)
+                run = runs[name]
+                run["seconds"] += time.perf_counter() - started
+                run["busy_s"] += per_round / throughput
+                run["latencies"] += latencies
+                run["round_p50"].append(summary(latencies)["p50"])
+                run["messages"] += messages
+                for group, spent in CpuMeter.spent(before, meter.sample()).items():
+                    run["cpu_s"][group] = run["cpu_s"].get(group, 0.0) + spent
+        for name, run in runs.items():
+            calls = per_round * rounds
+            rows.append({"kind": kind, "concurrency": concurrency, "path": name, **summary(run["latencies"]),
+                         "throughput": calls / run["busy_s"], "calls": calls, "messages": run["messages"],
+                         "tokens": calls * MAX_TOKENS if kind == "stream" else 0, "cpu_s": run["cpu_s"],
+                         "seconds": run["seconds"], "rounds": rounds, "round_p50": run["round_p50"]})
     return rows
 
 
 async def measure(tls: Path, ports: dict[str, int], requests: int, stream_requests: int, connections: int,
-                  meter: CpuMeter) -> list[dict]:
+                  meter: CpuMeter, rounds: int = 1) -> list[dict]:
     def channel(port: int, identity: str):
         return open_channel(ChannelSpec(target=f"127.0.0.1:{port}", tls=ClientTls.for_identity(tls, identity)))
 
@@ -256,7 +286,7 @@ async def measure(tls: Path, ports: dict[str, int], requests: int, stream_reques
     rows = []
     for kind, index, total in (("unary", 0, requests), ("stream", 1, stream_requests)):
         rows += await run_levels({name: [c[index] for c in calls] for name, calls in paths.items()
-                                  if calls[0][index] is not None}, kind, total, meter, connections)
+                                  if calls[0][index] is not None}, kind, total, meter, connections, rounds)
     for ch in channels:
         await ch.close()
     return rows
@@ -300,7 +330,7 @@ def _table(rows: list[dict]) -> list[dict]:
         table.append({
             "workers": r["workers"], "kind": r["kind"], "conc": r["concurrency"], "path": r["path"],
             "p50 ms": r["p50"], "p99 ms": r["p99"], "req/s": r["throughput"],
-            "added p50 ms": r["p50"] - base["p50"], "vs direct req/s": f"{r['throughput'] / base['throughput']:.0%}",
+            "added p50 ms": added_p50(r, base), "vs direct req/s": f"{r['throughput'] / base['throughput']:.0%}",
             "msgs/call": r["messages"] / r["calls"],
             "proxy cpu us/unit": _per_unit(r, proxy) if proxy else None,
             "its loop thread": _per_unit(r, f"{proxy} thread main") if f"{proxy} thread main" in r["cpu_s"] else None,
@@ -318,6 +348,9 @@ def main() -> int:
     parser.add_argument("--stream-requests", type=int, default=100, help="Generate calls per path and level")
     parser.add_argument("--workers", type=_workers, default=[os.cpu_count() or 1],
                         help="gateway worker processes; a comma-separated list runs each in turn (1,2,4,8)")
+    parser.add_argument("--rounds", type=int, default=8,
+                        help="rounds per level, every path in each, their order rotating (at least c calls a round); "
+                             "the added p50 is the median of the rounds' paired differences")
     parser.add_argument("--connections", type=int, default=2, help="client connections per path")
     parser.add_argument("--stream-interval", type=int, default=None, help="AGW_INFERENCE_STREAM_INTERVAL to run with")
     parser.add_argument("--smg", action="store_true",
@@ -379,7 +412,7 @@ def main() -> int:
                     })
                     idle[workers] = meter.idle(args.idle_s)
                     measured = asyncio.run(measure(tls, ports, args.requests, args.stream_requests, args.connections,
-                                                   meter))
+                                                   meter, args.rounds))
                     rows += [{"workers": workers, **row} for row in measured]
                 finally:
                     if edge is not None:
@@ -395,13 +428,14 @@ def main() -> int:
 
         async def measure_smg(paths, groups):
             return await run_levels(paths, "stream", args.smg_requests or args.stream_requests, CpuMeter(groups),
-                                    args.connections)
+                                    args.connections, args.rounds)
         rows += [{"workers": "smg", **row} for row in smg_block(
             root, tls, kv_cache_gib=BACKEND_KV_CACHE_GIB, stream_interval=args.stream_interval,
             connections=args.connections, max_tokens=MAX_TOKENS, measure=measure_smg)]
 
-    print_table("one hop, mTLS everywhere; Envoy --concurrency 2; CPU per token (stream) or per call (unary), "
-                "from /proc/<pid>/stat (a loop thread's from its schedstat)", _table(rows),
+    print_table(f"one hop, mTLS everywhere; Envoy --concurrency 2; {args.rounds} round(s) a level, the paths' order "
+                "rotating, added p50 the median of the rounds' paired differences; CPU per token (stream) or per "
+                "call (unary), from /proc/<pid>/stat (a loop thread's from its schedstat)", _table(rows),
                 ["workers", "kind", "conc", "path", "p50 ms", "p99 ms", "req/s", "added p50 ms", "vs direct req/s",
                  "msgs/call", "proxy cpu us/unit", "its loop thread", "inference cpu us/unit", "engine cpu us/unit",
                  "retrieval cpu us/call", "gateway runq wait ms/s"])

@@ -36,6 +36,21 @@ def summary(values: Sequence[float]) -> dict[str, float]:
     }
 
 
+def added_p50(row: dict, base: dict) -> float:
+    """What ``row``'s path adds to ``base``'s p50, ms.
+
+    Where both ran in the same rounds (``round_p50``: each round ran every
+    path back to back, bench/gateway_overhead.py), the median of the rounds'
+    paired differences: the host's and the engine's drift between rounds
+    falls on both paths of a round alike. Otherwise the difference of the
+    two p50s (one round, or a row from before rounds existed).
+    """
+    ours, theirs = row.get("round_p50") or [], base.get("round_p50") or []
+    if len(ours) > 1 and len(ours) == len(theirs):
+        return statistics.median(a - b for a, b in zip(ours, theirs))
+    return row["p50"] - base["p50"]
+
+
 def print_table(title: str, rows: list[dict], columns: Sequence[str]) -> None:
     print(f"\n{title}")
     widths = {c: max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns}

@@ -6,11 +6,11 @@ project's shared 2-core hosts one run moves a lot: over 41 runs of one code
 the Chat share at c=8 ranged from -1.9 to +13.5 ms (docs/benchmarks.md). This
 script makes the judgement one command, the same way every time: it runs
 `chat_turn.py --turns 256 --concurrency 8 32` and `gateway_overhead.py
---requests 400 --stream-requests 60 --workers 1 --edge` `--runs` times each,
-alternating, with their JSON under `--out`; or, with `--chat` and
-`--overhead`, judges runs already made. For each goal it prints every run's
-figure, the median, the limit, the verdict and by how much it is met or
-missed, and how many runs alone were within the goal.
+--requests 400 --stream-requests 60 --rounds 8 --workers 1 --edge` `--runs`
+times each, alternating, with their JSON under `--out`; or, with `--chat`
+and `--overhead`, judges runs already made. For each goal it prints every
+run's figure, the median, the limit, the verdict and by how much it is met
+or missed, and how many runs alone were within the goal.
 
 The Chat share at c=8 is judged in three forms, each against +4 ms: the p50
 form (Chat's p50 less the p50s of its stages and of direct Generate, judged
@@ -23,7 +23,10 @@ The passthrough goals are judged on `--path` (default `edge`, the product's
 path for `Generate` and `Retrieve`: Envoy in front of backends that
 authorize, check and scope each call; `gateway` judges the Python gateway's
 passthrough instead). Envoy is the plain proxy of the backends' own methods,
-measured in the same run.
+measured in the same run. A passthrough path's added p50 (over direct, or
+over Envoy for the c=1 goal) is the median of the run's rounds' paired
+differences (``harness.added_p50``); runs made before 2026-12-06 08:30 UTC
+had one round, and are judged on the difference of their p50s.
 
     python bench/load_goals.py [--runs 3] [--out bench/out/goals] [--path edge|gateway] [--json bench/out/goals.json]
     python bench/load_goals.py --chat bench/out/chat-*.json --overhead bench/out/edge-*.json
@@ -40,13 +43,14 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness import command_line, print_table, write_json
+from harness import added_p50, command_line, print_table, write_json
 
 BENCH = Path(__file__).resolve().parent
 #: 256 turns a level: at c=32, 64 turns were two a session (half of them first turns, the level's opening burst)
 #: and their p99 the second-highest of 64 figures (docs/benchmarks.md).
 CHAT_COMMAND = ["chat_turn.py", "--turns", "256", "--concurrency", "8", "32"]
-OVERHEAD_COMMAND = ["gateway_overhead.py", "--requests", "400", "--stream-requests", "60", "--workers", "1", "--edge"]
+OVERHEAD_COMMAND = ["gateway_overhead.py", "--requests", "400", "--stream-requests", "60", "--rounds", "8", "--workers",
+                    "1", "--edge"]
 
 
 @dataclass(frozen=True)
@@ -120,7 +124,7 @@ def overhead_verdicts(runs: Sequence[dict], path: str = "edge") -> list[Verdict]
     stream_limit = 3 * envoy_stream_added if envoy_stream_added >= 3 else 10.0
     return [
         _verdict(f"unary c=1: {path}'s added p50 minus Envoy's, same run", "ms",
-                 [t.added("unary", 1, path) - t.added("unary", 1, "envoy") for t in tables], 0.0),
+                 [t.added("unary", 1, path, over="envoy") for t in tables], 0.0),
         _verdict(f"unary c=64: {path}'s throughput / direct's", "x",
                  [t.share_of_direct("unary", 64, path) for t in tables], 0.8, at_most=False),
         _verdict(f"stream c=64: {path}'s throughput / direct's", "x",
@@ -139,9 +143,10 @@ class _Table:
 
     rows: dict[tuple[str, int, str], dict]
 
-    def added(self, kind: str, concurrency: int, path: str) -> float:
-        """The p50 ``path`` adds to the direct call's, ms."""
-        return self.rows[(kind, concurrency, path)]["p50"] - self.rows[(kind, concurrency, "direct")]["p50"]
+    def added(self, kind: str, concurrency: int, path: str, over: str = "direct") -> float:
+        """The p50 ``path`` adds to ``over``'s, ms: paired round by round where the run has rounds
+        (``harness.added_p50``)."""
+        return added_p50(self.rows[(kind, concurrency, path)], self.rows[(kind, concurrency, over)])
 
     def share_of_direct(self, kind: str, concurrency: int, path: str) -> float:
         """``path``'s throughput as a fraction of the direct call's."""

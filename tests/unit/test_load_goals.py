@@ -127,3 +127,24 @@ def test_judging_files_prints_the_table_and_exits_1_when_a_goal_is_missed(goals,
                           text=True, timeout=60)
     assert done.returncode == 1, done.stderr
     assert "MISSED by 2.00 ms" in done.stdout and "met by 0.50x" in done.stdout
+
+
+def test_with_rounds_a_path_is_judged_on_the_median_of_its_paired_round_differences(goals):
+    # The pooled p50s say the edge adds 0.10 ms over Envoy; round by round it was faster in 2 rounds of 3.
+    run = overhead_run(edge_c1=1.40, envoy_c1=1.30)
+    for row in run["rows"]:
+        if (row["kind"], row["concurrency"], row["workers"]) == ("unary", 1, 1):
+            row["round_p50"] = {"direct": [1.0, 1.0, 1.0], "envoy": [1.3, 1.6, 1.2],
+                                "edge": [1.25, 1.7, 1.1], "gateway": [1.9, 1.9, 1.9]}[row["path"]]
+    unary = by_goal(goals.overhead_verdicts([run] * 3), "unary c=1")
+    assert unary.median == pytest.approx(-0.05) and unary.met
+
+
+def test_added_p50_pairs_rounds_only_where_both_paths_ran_the_same_rounds():
+    harness = import_bench("harness")
+    base = {"p50": 10.0, "round_p50": [10.0, 30.0, 11.0]}
+    assert harness.added_p50({"p50": 12.0, "round_p50": [11.0, 31.0, 14.0]}, base) == pytest.approx(1.0)
+    # One round, rows from before rounds, or rounds that do not match: the difference of the p50s.
+    assert harness.added_p50({"p50": 12.0, "round_p50": [12.0]}, {"p50": 10.0, "round_p50": [10.0]}) == 2.0
+    assert harness.added_p50({"p50": 12.0}, base) == 2.0
+    assert harness.added_p50({"p50": 12.0, "round_p50": [11.0, 31.0]}, base) == 2.0
