@@ -18,7 +18,12 @@ median p50 and its paired difference from the plain Envoy:
 - ``public-direct``: ``AgentGateway.Retrieve`` on the service itself, called
   with the edge's certificate and a forwarded-certificate header as Envoy sets
   it: the backend's public handler (the forwarded certificate's authorization,
-  the bounds, the tenant's scoping, the wrap) with no Envoy at all.
+  the bounds, the tenant's scoping, the wrap) with no Envoy at all;
+- ``direct-xfcc``, ``direct-xfcc-uri``: ``Search`` called directly with the
+  forwarded-certificate header as the edge sets it, and with the same header
+  less the certificate (``URI`` and ``Hash`` alone): what the header itself
+  costs the backend (a plain ``Search`` reads none of it), and how much of
+  that is the certificate's 1.2 KB.
 
 Next to each path's latency it reports the retrieval process's CPU per call
 (every thread's on-CPU time from ``/proc/<pid>/task/*/schedstat``, in
@@ -115,6 +120,9 @@ async def measure(tls: Path, ports: dict[str, int], rounds: int, calls: int,
     cert = quote((tls / "tenant" / "dev" / "cert.pem").read_text(), safe="")
     forwarded = ((XFCC_HEADER, f'By=spiffe://agentgw.local/service/edge;Hash=00;Cert="{cert}";'
                                "URI=spiffe://agentgw.local/tenant/dev"),)
+    # The same header without the certificate (Envoy's URI field alone; Hash is always set): what its size costs.
+    uri_only = ((XFCC_HEADER, f"By=spiffe://agentgw.local/service/edge;Hash={'0' * 64};"
+                              "URI=spiffe://agentgw.local/tenant/dev"),)
     channels = {"direct": channel(ports["retrieval"], "operator/admin"), "envoy": channel(ports["envoy"], "operator/admin"),
                 **{name: channel(ports[name], "tenant/dev") for name in ("edge", "edge-nobuffer", "edge-nostrip")},
                 "public-direct": channel(ports["retrieval"], "service/edge")}
@@ -127,6 +135,10 @@ async def measure(tls: Path, ports: dict[str, int], rounds: int, calls: int,
             gateway_pb2_grpc.AgentGatewayStub(channels[name])) for name in ("edge", "edge-nobuffer", "edge-nostrip")},
         "public-direct": lambda: gateway_pb2_grpc.AgentGatewayStub(channels["public-direct"]).Retrieve(
             retrieve, timeout=10, metadata=forwarded),
+        "direct-xfcc": lambda: retrieval_pb2_grpc.RetrievalStub(channels["direct"]).Search(
+            search, timeout=10, metadata=forwarded),
+        "direct-xfcc-uri": lambda: retrieval_pb2_grpc.RetrievalStub(channels["direct"]).Search(
+            search, timeout=10, metadata=uri_only),
     }
     p50s: dict[str, list[float]] = {name: [] for name in paths}
     cpu_s = dict.fromkeys(paths, 0.0)
@@ -175,11 +187,11 @@ def main() -> int:
             proxy.wait()
         retrieval.stop()
     print(f"\nc=1, {args.calls} calls per path and round, {args.rounds} rounds; medians of the rounds' p50s")
-    print(f"{'path':14} {'p50 ms':>8} {'added ms':>9} {'vs envoy, paired ms':>20} {'retrieval cpu us/call':>22}")
+    print(f"{'path':16} {'p50 ms':>8} {'added ms':>9} {'vs envoy, paired ms':>20} {'retrieval cpu us/call':>22}")
     for name, values in p50s.items():
         added = statistics.median(v - d for v, d in zip(values, p50s["direct"]))
         paired = statistics.median(v - e for v, e in zip(values, p50s["envoy"]))
-        print(f"{name:14} {statistics.median(values):8.3f} {added:+9.3f} {paired:+20.3f} {cpu_us[name]:22.1f}")
+        print(f"{name:16} {statistics.median(values):8.3f} {added:+9.3f} {paired:+20.3f} {cpu_us[name]:22.1f}")
     print(f"command: python bench/edge_unary_paths.py --rounds {args.rounds} --calls {args.calls}")
     if args.json:
         args.json.write_text(json.dumps({"rounds": args.rounds, "calls": args.calls, "p50s": p50s,
