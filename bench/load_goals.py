@@ -25,8 +25,8 @@ authorize, check and scope each call; `gateway` judges the Python gateway's
 passthrough instead). Envoy is the plain proxy of the backends' own methods,
 measured in the same run. A passthrough path's added p50 (over direct, or
 over Envoy for the c=1 goal) is the median of the run's rounds' paired
-differences (``harness.added_p50``); runs made before 2026-12-06 08:30 UTC
-had one round, and are judged on the difference of their p50s.
+differences (``harness.added_p50``); a run of one round (every run before
+2026-12-06 08:00 UTC) is judged on the difference of its p50s.
 
     python bench/load_goals.py [--runs 3] [--out bench/out/goals] [--path edge|gateway] [--json bench/out/goals.json]
     python bench/load_goals.py --chat bench/out/chat-*.json --overhead bench/out/edge-*.json
