@@ -30,9 +30,19 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
+#: The tags of fields 1 to 15 (one byte each): every wrapped message of a stream starts with one.
+_TAGS = {number: _varint(number << 3 | _LENGTH_DELIMITED) for number in range(1, 16)}
+
+
 def wrap(field_number: int, payload: bytes) -> bytes:
     """The wire form of a message whose only set field ``field_number`` holds the message ``payload``."""
-    return _varint(field_number << 3 | _LENGTH_DELIMITED) + _varint(len(payload)) + payload
+    # Per forwarded message (a streamed token's): the tag is looked up, and a length under 128 is one byte.
+    tag = _TAGS.get(field_number) or _varint(field_number << 3 | _LENGTH_DELIMITED)
+    size = len(payload)
+    return b"".join((tag, _ONE_BYTE[size] if size < 0x80 else _varint(size), payload))
+
+
+_ONE_BYTE = [bytes((value,)) for value in range(0x80)]
 
 
 def unwrap(field_number: int, data: bytes) -> bytes:

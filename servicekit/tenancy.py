@@ -89,11 +89,10 @@ def scoped_search(api: PublicApiSettings, tenant: str,
     search = request.request
     # The tenant decides the collection; nothing in the request can name another tenant's.
     search.collection = physical_collection(tenant, search.collection, "request.collection")
-    span = trace.get_current_span()
     if search.exact:
         search.exact = False
-        span.set_attribute("agw.retrieve.exact_clamped", True)
+        trace.get_current_span().set_attribute("agw.retrieve.exact_clamped", True)
     if search.HasField("hnsw_ef") and search.hnsw_ef > api.max_hnsw_ef:
-        span.set_attribute("agw.retrieve.hnsw_ef_clamped_from", search.hnsw_ef)
+        trace.get_current_span().set_attribute("agw.retrieve.hnsw_ef_clamped_from", search.hnsw_ef)
         search.hnsw_ef = api.max_hnsw_ef
     return search

@@ -96,35 +96,44 @@ def test_a_tenant_past_its_share_is_refused_while_others_are_admitted():
     assert (admission.admitted, admission.rejected) == (5, 1)
 
 
-class _Span:
-    def __init__(self):
-        self.attributes, self.events = {}, []
-
-    def set_attributes(self, attributes):
-        self.attributes.update(attributes)
-
-    def add_event(self, name, attributes):
-        self.events.append((name, attributes))
-
-
 def test_a_slot_taken_without_a_block_is_freed_once_and_recorded_on_the_span():
     """acquire/release: for a stream handed to gRPC as it is (a backend's public Generate frees it when the call
     ends); a second release must not free another call's slot."""
+    from opentelemetry.sdk.trace import TracerProvider
+
     admission = Admission(max_in_flight=4, per_tenant=1, holder="this retrieval service process")
-    span = _Span()
+    span = TracerProvider().get_tracer("test").start_span("call")
     release = admission.acquire("acme", span)
-    assert span.attributes == {"agw.admission.in_flight": 0, "agw.admission.max_in_flight": 4,
-                               "agw.admission.tenant_in_flight": 0, "agw.admission.tenant_bound": 1}
+    assert dict(span.attributes) == {"agw.admission.in_flight": 0, "agw.admission.max_in_flight": 4,
+                                     "agw.admission.tenant_in_flight": 0, "agw.admission.tenant_bound": 1}
     with pytest.raises(ResourceExhausted) as caught:
         admission.acquire("acme", span)
     assert "its share of this retrieval service process" in caught.value.message
-    assert span.events == [("agw.admission.refused", {"agw.admission.reason": caught.value.message})]
+    assert [(event.name, dict(event.attributes)) for event in span.events] == [
+        ("agw.admission.refused", {"agw.admission.reason": caught.value.message})]
     with admission.admit("beta"):
         release()
         release()
         assert (admission.in_flight, admission.tenants) == (1, {"beta": 1})
     assert (admission.in_flight, admission.tenants) == (0, {})
     admission.acquire("acme")()  # free again
+
+
+def test_a_span_that_records_nothing_does_not_stop_admission_deciding():
+    """Without a collector the services record no span (servicekit.telemetry): admission still counts, refuses
+    and frees on such a span, and only skips building attributes no one will read."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    span = TracerProvider(sampler=ALWAYS_OFF).get_tracer("test").start_span("call")
+    assert not span.is_recording()
+    admission = Admission(max_in_flight=1, holder="this retrieval service process")
+    release = admission.acquire("acme", span)
+    with pytest.raises(ResourceExhausted, match="at capacity: 1 calls in flight"):
+        admission.acquire("beta", span)
+    release()
+    admission.acquire("beta", span)()
+    assert (admission.admitted, admission.rejected, admission.in_flight) == (2, 1, 0)
 
 
 def test_tenant_weights_are_parsed_and_checked():
