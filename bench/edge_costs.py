@@ -22,7 +22,8 @@ and reports the median microseconds per step over several rounds:
 
 Spans (``--spans``): ``default`` is the tracer provider the services install
 without a collector, which records no span (nothing would read one), so a
-span's cost is the SDK's unsampled span and its context; ``recorded`` records
+server span is made without the SDK (``telemetry.UnrecordedServerSpans``) and
+a child span's cost is the SDK's unsampled span and its context; ``recorded`` records
 spans that no processor takes (the services' default before 2026-12-02);
 ``exported`` records them and exports them to a file, as with a collector
 (``AGW_TRACE_FILE``): the in-call cost is then creation, attributes, end and
@@ -56,7 +57,7 @@ from servicekit.tenancy import current_tenant, scoped_search
 from servicekit import interceptors
 from servicekit.passthrough import wrap
 from servicekit.server import authorizer_for
-from servicekit.telemetry import configure_tracing, outgoing_metadata
+from servicekit.telemetry import configure_tracing, outgoing_metadata, unrecorded_server_spans
 from tests.support.servers import free_port
 
 SERVICE, NAME = "agent.gateway.v1.AgentGateway", "Retrieve"
@@ -81,8 +82,10 @@ def _steps(context, settings: GatewaySettings) -> dict[str, Callable[[], object]
     serialised = request.SerializeToString()
     authorizer.bind(authorizer.authorize(context, METHOD))
 
+    unrecorded = unrecorded_server_spans("link")  # as the interceptor decides: None where spans are recorded
+
     def server_span() -> None:
-        interceptors._ServerSpan(METHOD, context, "link").end()
+        interceptors._ServerSpan(METHOD, context, "link", unrecorded).end()
 
     def authorize() -> None:
         authorizer.bind(authorizer.authorize(context, METHOD))
@@ -129,7 +132,7 @@ async def _measure(args, tls: Path) -> list[dict]:
     async def handler(request, context):
         steps = _steps(context, settings)
         # Under a server span of its own, as a handler runs (the outgoing metadata carries it).
-        call_span = interceptors._ServerSpan(METHOD, context, "link")
+        call_span = interceptors._ServerSpan(METHOD, context, "link", unrecorded_server_spans("link"))
         try:
             for step in steps.values():
                 step()  # warm

@@ -21,6 +21,7 @@ from contextlib import aclosing
 import grpc
 from grpc_health.v1 import health_pb2
 from opentelemetry import context as otel_context
+from opentelemetry.context import Context
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
@@ -28,7 +29,8 @@ from servicekit.authz import Authorizer
 from servicekit.errors import (Internal, InvalidArgument, ServiceError, Unavailable, Unimplemented, quote_error_id,
                                trailing_metadata)
 from servicekit.metrics import meter
-from servicekit.telemetry import TRACE_ID_KEY, client_context, extract_context, trace_id_hex
+from servicekit.telemetry import (TRACE_ID_KEY, UnrecordedServerSpans, client_context, extract_context, trace_id_hex,
+                                  unrecorded_server_spans)
 
 log = logging.getLogger(__name__)
 _TRACER = trace.get_tracer("agent-gateway.servicekit")
@@ -73,13 +75,18 @@ class _ServerSpan:
     back to the caller in the ``x-trace-id`` trailer.
     """
 
-    def __init__(self, method: str, context, client_trace: str | None = None) -> None:
-        if client_trace is None:  # our own services call us: their context, baggage and sampling stand
-            parent, links = extract_context(context.invocation_metadata()), []
-        else:  # a caller outside the deployment: telemetry.client_context says what is kept
-            parent, links = client_context(context.invocation_metadata(), client_trace)
-        self.span = _TRACER.start_span(method.lstrip("/"), context=parent, kind=trace.SpanKind.SERVER, links=links,
-                                       attributes={"rpc.system": "grpc", "rpc.method": method})
+    def __init__(self, method: str, context, client_trace: str | None = None,
+                 unrecorded: UnrecordedServerSpans | None = None) -> None:
+        span = unrecorded.start(context.invocation_metadata()) if unrecorded is not None else None
+        if span is not None:  # this process records no span: the one the SDK would make, without it
+            self.span, parent = span, Context()
+        else:
+            if client_trace is None:  # our own services call us: their context, baggage and sampling stand
+                parent, links = extract_context(context.invocation_metadata()), []
+            else:  # a caller outside the deployment: telemetry.client_context says what is kept
+                parent, links = client_context(context.invocation_metadata(), client_trace)
+            self.span = _TRACER.start_span(method.lstrip("/"), context=parent, kind=trace.SpanKind.SERVER,
+                                           links=links, attributes={"rpc.system": "grpc", "rpc.method": method})
         self._token = otel_context.attach(trace.set_span_in_context(self.span, parent))
         self._task = _current_task()
         self.trace_id = trace_id_hex(self.span)
@@ -186,7 +193,7 @@ def _admit(edge: EdgeInterceptor, context, method: str, span: _ServerSpan) -> No
 
 def _wrap_unary(behavior: Callable[..., Awaitable], method: str, edge: EdgeInterceptor):
     async def handler(request, context):
-        span = _ServerSpan(method, context, edge.client_trace)
+        span = _ServerSpan(method, context, edge.client_trace, edge.unrecorded)
         try:
             _admit(edge, context, method, span)
             return await behavior(_check_decoded(request), context)
@@ -207,7 +214,7 @@ def _wrap_unary(behavior: Callable[..., Awaitable], method: str, edge: EdgeInter
 
 def _wrap_streaming(behavior: Callable, method: str, edge: EdgeInterceptor):
     async def handler(request, context):
-        span = _ServerSpan(method, context, edge.client_trace)
+        span = _ServerSpan(method, context, edge.client_trace, edge.unrecorded)
         try:
             _admit(edge, context, method, span)
             result = behavior(_check_decoded(request), context)
@@ -262,10 +269,15 @@ class EdgeInterceptor(grpc.aio.ServerInterceptor):
             client_trace: None where every caller is one of our services (their trace
                 context stands); ``link`` or ``continue`` at a public port
                 (``telemetry.client_context``).
+
+        Built after the process's tracer provider is installed: whether it
+        records spans decides how each call's server span is made
+        (``telemetry.unrecorded_server_spans``).
         """
         self.readiness = readiness
         self.authorizer = authorizer
         self.client_trace = client_trace
+        self.unrecorded = unrecorded_server_spans(client_trace)
         self._always_open = always_open
 
     async def intercept_service(self, continuation, handler_call_details):
