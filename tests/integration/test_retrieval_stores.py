@@ -6,6 +6,8 @@ API-level peer available without a server.
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import random
 from pathlib import Path
 
@@ -134,8 +136,22 @@ def _search_pool_threads() -> int:
     return sum(1 for name in names if name.exists() and name.read_text().startswith("edge-search"))
 
 
+async def _settled_search_pool_threads() -> int:
+    """The count once earlier tests' stores have let their pools go: a pool collected or ending between the
+    two counts of a test would move its difference."""
+    gc.collect()
+    count = _search_pool_threads()
+    for _ in range(40):
+        await asyncio.sleep(0.05)
+        now = _search_pool_threads()
+        if now == count:
+            return count
+        count = now
+    return count
+
+
 async def test_each_collection_gets_the_search_pool_it_is_given_created_and_loaded(tmp_path):
-    before = _search_pool_threads()
+    before = await _settled_search_pool_threads()
     edge = await EdgeStore.open(tmp_path / "edge", search_threads=1)
     await edge.create_collection(CollectionSpec(name="kept", vector_size=DIM))
     await edge.upsert("kept", _points(20))
@@ -143,7 +159,7 @@ async def test_each_collection_gets_the_search_pool_it_is_given_created_and_load
     assert len(hits) == 3
     assert _search_pool_threads() - before == 1  # Qdrant's own default is one per CPU or more
     await edge.close()
-    before = _search_pool_threads()
+    before = await _settled_search_pool_threads()
     reopened = await EdgeStore.open(tmp_path / "edge", search_threads=2)  # a loaded shard takes this process's
     try:
         assert len(await reopened.search("kept", SearchQuery(vector=[0.1] * DIM, limit=3, payload_fields=None))) == 3
