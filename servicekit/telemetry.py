@@ -4,8 +4,8 @@ With ``OTEL_EXPORTER_OTLP_ENDPOINT`` set, spans go to that collector (Jaeger
 on 4317 in compose) through a batch processor and the standard ``OTEL_*``
 variables; the same with ``AGW_TRACE_FILE``, to a file. Without either nothing
 would read a span, so none is recorded: every call still gets a trace id (the
-SDK makes one for a span it does not sample), returned to clients and passed
-to backends, marked unsampled.
+server span is made without the SDK then: :class:`UnrecordedServerSpans`),
+returned to clients and passed to backends, marked unsampled.
 """
 
 from __future__ import annotations
