@@ -1,15 +1,17 @@
-"""Server spans made without the SDK where nothing records them: the same trace id, flags and state as the SDK's."""
+"""Spans where nothing records them: server spans made without the SDK (the same trace id, flags and state as
+the SDK's), and no child spans."""
 
 from __future__ import annotations
 
 import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
-from servicekit.telemetry import UnrecordedServerSpans, client_context, extract_context
+from servicekit.telemetry import UnrecordedServerSpans, UnrecordedTracerProvider, client_context, extract_context
 
 pytestmark = pytest.mark.unit
 
@@ -102,3 +104,40 @@ _HEX = "0123456789abcdef"
        policy=st.sampled_from(POLICIES))
 def test_any_traceparent_gives_what_the_sdk_gives(version, trace_id, span_id, flags, rest, policy):
     _assert_same_as_the_sdk([("traceparent", f"{version}-{trace_id}-{span_id}-{flags}{rest}")], policy)
+
+
+def test_a_span_started_under_a_calls_span_is_that_span():
+    tracer = UnrecordedTracerProvider(sampler=ALWAYS_OFF).get_tracer("test")
+    call = UnrecordedServerSpans(TracerProvider(sampler=ALWAYS_OFF), None).start([])
+    token = otel_context.attach(trace.set_span_in_context(call))
+    try:
+        assert tracer.start_span("qdrant search") is call
+        with tracer.start_as_current_span("admission", attributes={"agw.admission.in_flight": 1}) as admission:
+            assert admission is call and trace.get_current_span() is call
+        assert trace.get_current_span() is call
+        with pytest.raises(ValueError):  # an error inside passes through untouched
+            with tracer.start_as_current_span("persist"):
+                raise ValueError("boom")
+        assert trace.get_current_span() is call
+    finally:
+        otel_context.detach(token)
+
+
+def test_a_span_under_a_context_not_current_is_made_current_then_restored():
+    tracer = UnrecordedTracerProvider(sampler=ALWAYS_OFF).get_tracer("test")
+    other = UnrecordedServerSpans(TracerProvider(sampler=ALWAYS_OFF), None).start([])
+    with tracer.start_as_current_span("child", context=trace.set_span_in_context(other)) as child:
+        assert child is other and trace.get_current_span() is other
+    assert trace.get_current_span() is not other
+
+
+def test_roots_and_spans_under_a_callers_context_are_the_sdks():
+    tracer = UnrecordedTracerProvider(sampler=ALWAYS_OFF).get_tracer("test")
+    root = tracer.start_span("root")
+    assert root.get_span_context().is_valid and not root.is_recording()
+    remote = extract_context([("traceparent", f"00-{TRACE}-{SPAN}-01")])
+    under_caller = tracer.start_span("call", context=remote).get_span_context()
+    assert format(under_caller.trace_id, "032x") == TRACE and format(under_caller.span_id, "016x") != SPAN
+    assert not under_caller.is_remote
+    recording = TracerProvider().get_tracer("test").start_span("recorded elsewhere")
+    assert tracer.start_span("child", context=trace.set_span_in_context(recording)) is not recording
