@@ -32,6 +32,8 @@ def _varint(value: int) -> bytes:
 
 #: The tags of fields 1 to 15 (one byte each): every wrapped message of a stream starts with one.
 _TAGS = {number: _varint(number << 3 | _LENGTH_DELIMITED) for number in range(1, 16)}
+#: Lengths under 128, each its one-byte varint.
+_ONE_BYTE = [bytes((value,)) for value in range(0x80)]
 
 
 def wrap(field_number: int, payload: bytes) -> bytes:
@@ -40,9 +42,6 @@ def wrap(field_number: int, payload: bytes) -> bytes:
     tag = _TAGS.get(field_number) or _varint(field_number << 3 | _LENGTH_DELIMITED)
     size = len(payload)
     return b"".join((tag, _ONE_BYTE[size] if size < 0x80 else _varint(size), payload))
-
-
-_ONE_BYTE = [bytes((value,)) for value in range(0x80)]
 
 
 def unwrap(field_number: int, data: bytes) -> bytes:
