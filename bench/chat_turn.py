@@ -46,7 +46,17 @@ gateways on the same turns.
 (so that the load generator, which a real deployment runs elsewhere, competes
 for CPU as the backends do): only the gateway and Postgres keep nice 0.
 
-    python bench/chat_turn.py [--turns 50] [--max-tokens 16] [--window-step 16] [--side-by-side early|prefill] [--no-retrieval] [--backend-nice 5] [--json bench/out/chat.json]
+``--isolate-engine gateway,inference,...`` leaves the CPUs vLLM's CPU worker
+bound its threads to (one of 2 cores) to that worker alone against the
+process groups named (gateway, inference, retrieval, postgres, client):
+once the stack is up, their threads move to the other CPUs, and what they
+start later inherits that. ``inference`` is the service's own process and
+vLLM's engine core (the scheduler), the worker's bound threads left where
+they are. On 2 cores it took the engine's part out of the share, and gave
+no turn an earlier first token (docs/benchmarks.md, "The engine worker's
+core to itself").
+
+    python bench/chat_turn.py [--turns 50] [--max-tokens 16] [--window-step 16] [--side-by-side early|prefill] [--no-retrieval] [--backend-nice 5] [--isolate-engine GROUPS] [--json bench/out/chat.json]
 """
 
 from __future__ import annotations
@@ -64,8 +74,8 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import (UNBOUNDED_ADMISSION, CpuMeter, backend_processes, command_line, dev_pki, gateway_process,
-                     print_table, scratch_dir, summary, write_json)
+from harness import (UNBOUNDED_ADMISSION, CpuMeter, backend_processes, command_line, dev_pki, engine_worker_cpus,
+                     gateway_process, move_off_cpus, print_table, scratch_dir, summary, write_json)
 
 from agent.gateway.v1 import gateway_pb2 as pb
 from agent.gateway.v1 import gateway_pb2_grpc
@@ -539,6 +549,18 @@ def _start_edge(workdir: Path, tls: Path, ports: dict[str, int], gateway_port: i
     return port
 
 
+#: The process groups --isolate-engine moves off the engine worker's CPUs.
+PROCESS_GROUPS = ("gateway", "inference", "retrieval", "postgres", "client")
+
+
+def _process_groups(text: str) -> tuple[str, ...]:
+    groups = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    unknown = [group for group in groups if group not in PROCESS_GROUPS]
+    if not groups or unknown:
+        raise argparse.ArgumentTypeError(f"{text!r}: name process groups from {', '.join(PROCESS_GROUPS)}")
+    return groups
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=50, help="turns per path and concurrency level")
@@ -564,6 +586,9 @@ def main() -> int:
                              "the share then includes Envoy's hop")
     parser.add_argument("--no-retrieval", action="store_true",
                         help="turns without retrieval (an agent's tool-loop steps): the stages are the history alone")
+    parser.add_argument("--isolate-engine", type=_process_groups, default=(), metavar="GROUPS",
+                        help="comma-separated, from " + ", ".join(PROCESS_GROUPS) + ": moved off the CPUs vLLM's "
+                             "CPU worker bound, once the stack is up, so that the worker has them to itself")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     step = {} if args.window_step is None else {"history_window_step": args.window_step}
@@ -591,6 +616,13 @@ def main() -> int:
                 edge_pids.append(started[-1].pid)
         lower_priority(args.backend_nice)
         inference_pid, retrieval_pid = ports["inference_pid"], ports["retrieval_pid"]
+        if args.isolate_engine:
+            groups = {"gateway": [*gateway_pids, *edge_pids], "inference": [inference_pid],
+                      "retrieval": [retrieval_pid], "postgres": [ports["postgres_pid"]], "client": [os.getpid()]}
+            cpus = engine_worker_cpus(inference_pid)
+            kept, moved = move_off_cpus([pid for group in args.isolate_engine for pid in groups[group]], cpus)
+            print(f"the engine worker's CPUs {sorted(cpus)} to itself: {moved} threads of "
+                  f"{', '.join(args.isolate_engine)} moved off them, {kept} of the worker's left bound", flush=True)
         meter = CpuMeter({
             "gateway": lambda: [pid for gateway in gateway_pids for pid in (gateway, *descendants(gateway))],
             **({"envoy": lambda: edge_pids} if edge_pids else {}),

@@ -7,6 +7,7 @@ that produced its figures, so docs/benchmarks.md can quote it.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import statistics
 import sys
@@ -22,7 +23,7 @@ if str(REPO) not in sys.path:  # run as `python bench/x.py` from anywhere
     sys.path.insert(0, str(REPO))
 
 
-from servicekit.procfs import cpu_seconds, runqueue_wait_s, thread_cpu_s  # noqa: E402
+from servicekit.procfs import cpu_seconds, descendants, runqueue_wait_s, thread_cpu_s  # noqa: E402
 from servicekit.stats import percentile  # noqa: E402 - after the sys.path fix above
 
 
@@ -212,3 +213,49 @@ class CpuMeter:
         before = self.sample()
         time.sleep(seconds)
         return {name: spent * 1000 / seconds for name, spent in self.spent(before, self.sample()).items()}
+
+
+def engine_worker_cpus(inference_pid: int) -> set[int]:
+    """The CPUs vLLM's CPU worker bound its threads to (its OpenMP binding, one CPU on 2 cores): the union of
+    the affinities, among the inference service's descendants' threads, narrower than this process's own.
+    Empty where nothing is bound (a GPU engine, or ``VLLM_CPU_OMP_THREADS_BIND=nobind``)."""
+    allowed = os.sched_getaffinity(0)
+    bound: set[int] = set()
+    for pid in descendants(inference_pid):
+        for tid in _threads(pid):
+            try:
+                cpus = os.sched_getaffinity(tid)
+            except OSError:  # the thread ended meanwhile
+                continue
+            if cpus < allowed:
+                bound |= cpus
+    return bound
+
+
+def move_off_cpus(pids: Sequence[int], cpus: set[int]) -> tuple[int, int]:
+    """Every thread of ``pids`` and of their descendants onto the CPUs other than ``cpus``, except threads
+    already bound within ``cpus`` (the engine worker's own). Threads and processes started later inherit
+    their starter's mask. Returns (threads kept, threads moved)."""
+    rest = os.sched_getaffinity(0) - cpus
+    if not cpus or not rest:
+        raise ValueError(f"nothing to move off: CPUs {sorted(cpus)} of {sorted(os.sched_getaffinity(0))}")
+    kept = moved = 0
+    for root in pids:
+        for pid in (root, *descendants(root)):
+            for tid in _threads(pid):
+                try:
+                    if os.sched_getaffinity(tid) <= cpus:
+                        kept += 1
+                    else:
+                        os.sched_setaffinity(tid, rest)
+                        moved += 1
+                except OSError:  # the thread ended meanwhile
+                    continue
+    return kept, moved
+
+
+def _threads(pid: int) -> list[int]:
+    try:
+        return [int(task.name) for task in Path(f"/proc/{pid}/task").iterdir()]
+    except OSError:  # the process ended meanwhile
+        return []
