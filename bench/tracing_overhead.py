@@ -9,6 +9,11 @@ receiver started here), and three gateway processes on them:
 - dead: exporting to an address where nothing listens (a collector that is down).
 Turns go round-robin over the four, so the machine's noise falls on all
 alike. Each turn: session history, retrieval, 16 generated tokens, persist.
+Each mode calls as a tenant of its own (``tenant/trace-<mode>``), so its
+session's prompts have a prefix-cache partition of their own: the four
+sessions ask the same questions and get the same greedy answers, and until
+2026-12-06, under one tenant, whichever mode went first in a round left the
+others its whole prompt cached.
 Reports first token and total, p50/p95/p99, and each mode's p50 against off.
 
     python bench/tracing_overhead.py [--turns 60] [--json bench/out/tracing.json]
@@ -34,6 +39,8 @@ from tests.support.retrieval_service import passage_documents
 from tests.support.servers import free_port
 
 MODES = ("off", "on", "content", "dead")
+#: Each mode's tenant: a prefix-cache partition and a collection of its own.
+TENANTS = {mode: f"trace-{mode}" for mode in MODES}
 QUESTIONS = ["How does the for statement work?", "What does with do?", "Explain try and except.",
              "How are classes defined?", "What is a lambda?", "How do imports work?"]
 SAMPLING = inference_pb2.SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
@@ -51,15 +58,17 @@ async def turn(stub, session: str, question: str) -> dict:
 
 
 async def run(ports: dict[str, int], tls: Path, turns: int) -> dict[str, list[dict]]:
-    channels = {mode: open_channel(ChannelSpec(target=f"127.0.0.1:{ports[mode]}", tls=ClientTls.for_identity(tls, "tenant/dev")))
+    channels = {mode: open_channel(ChannelSpec(target=f"127.0.0.1:{ports[mode]}",
+                                               tls=ClientTls.for_identity(tls, f"tenant/{TENANTS[mode]}")))
                 for mode in MODES}
     try:
         stubs = {}
         for mode, channel in channels.items():
             await wait_ready(channel, timeout_s=30, target=mode)
             stubs[mode] = gateway_pb2_grpc.AgentGatewayStub(channel)
-        await stubs["off"].IngestDocuments(pb.IngestDocumentsRequest(
-            collection="docs", documents=passage_documents(sample_corpus(max_per_topic=2)[:120])), timeout=300)
+        documents = passage_documents(sample_corpus(max_per_topic=2)[:120])
+        for stub in stubs.values():  # a tenant's collection is its own
+            await stub.IngestDocuments(pb.IngestDocumentsRequest(collection="docs", documents=documents), timeout=300)
         sessions = {mode: (await stub.CreateSession(pb.CreateSessionRequest(), timeout=5)).session.id
                     for mode, stub in stubs.items()}
         rows: dict[str, list[dict]] = {mode: [] for mode in MODES}
@@ -81,7 +90,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     root = scratch_dir("tracing")
-    tls = dev_pki(root)
+    tls = dev_pki(root, tenants=tuple(TENANTS.values()))
     with otlp_receiver() as receiver:
         exporting = receiver.environment()
         with backend_processes(root, tls, **exporting) as (ports, started):
