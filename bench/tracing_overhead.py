@@ -14,7 +14,14 @@ session's prompts have a prefix-cache partition of their own: the four
 sessions ask the same questions and get the same greedy answers, and until
 2026-12-06, under one tenant, whichever mode went first in a round left the
 others its whole prompt cached.
-Reports first token and total, p50/p95/p99, and each mode's p50 against off.
+Reports first token and total, p50/p95/p99, and each mode's p50 against off;
+and each mode's gateway CPU per timed turn (its own process's threads, from
+``/proc/<pid>/task/*/schedstat`` before and after the timed rounds), which does not move
+with the host's noise as the latencies do: all of it, and less what the
+gateway spends idle (measured for ``IDLE_S`` before the rounds, with no call
+running: health and metric readers, the span exporter's thread), which at
+one turn in four a gateway weighs on each of its turns. The backends export
+spans for every mode alike, so their CPU is not told apart by mode.
 
     python bench/tracing_overhead.py [--turns 60] [--json bench/out/tracing.json]
 """
@@ -34,11 +41,14 @@ from agent.gateway.v1 import gateway_pb2_grpc
 from agent.inference.v1 import inference_pb2
 from retrieval.ingest import sample_corpus
 from servicekit import ChannelSpec, ClientTls, open_channel, wait_ready
+from servicekit.procfs import descendants, thread_cpu_s
 from tests.support.otlp_receiver import otlp_receiver
 from tests.support.retrieval_service import passage_documents
 from tests.support.servers import free_port
 
 MODES = ("off", "on", "content", "dead")
+#: Seconds each gateway's CPU is measured with no call running, before the timed rounds.
+IDLE_S = 5.0
 #: Each mode's tenant: a prefix-cache partition and a collection of its own.
 TENANTS = {mode: f"trace-{mode}" for mode in MODES}
 QUESTIONS = ["How does the for statement work?", "What does with do?", "Explain try and except.",
@@ -57,7 +67,9 @@ async def turn(stub, session: str, question: str) -> dict:
     return {"ttft": first, "total": (time.perf_counter() - started) * 1000}
 
 
-async def run(ports: dict[str, int], tls: Path, turns: int) -> dict[str, list[dict]]:
+async def run(ports: dict[str, int], tls: Path, turns: int, gateway_pids: dict[str, int]) -> tuple[dict, dict]:
+    """Each mode's timed turns, and each mode's gateway CPU over them (the warm-up rounds left out): ``cpu_s``,
+    seconds, and ``idle_s_per_s``, what it spent per second with no call running."""
     channels = {mode: open_channel(ChannelSpec(target=f"127.0.0.1:{ports[mode]}",
                                                tls=ClientTls.for_identity(tls, f"tenant/{TENANTS[mode]}")))
                 for mode in MODES}
@@ -72,16 +84,36 @@ async def run(ports: dict[str, int], tls: Path, turns: int) -> dict[str, list[di
         sessions = {mode: (await stub.CreateSession(pb.CreateSessionRequest(), timeout=5)).session.id
                     for mode, stub in stubs.items()}
         rows: dict[str, list[dict]] = {mode: [] for mode in MODES}
+        cpu_before: dict[str, float] = {}
         for index in range(turns + 3):
+            if index == 3:  # the first rounds warm every path
+                idle_before, idle_started = _cpus(gateway_pids), time.perf_counter()
+                await asyncio.sleep(IDLE_S)
+                cpu_before, started = _cpus(gateway_pids), time.perf_counter()
+                idle = {mode: (cpu_before[mode] - idle_before[mode]) / (started - idle_started)
+                        for mode in gateway_pids}
             order = MODES[index % len(MODES):] + MODES[:index % len(MODES)]  # who goes first rotates too
             for mode in order:
                 result = await turn(stubs[mode], sessions[mode], QUESTIONS[index % len(QUESTIONS)])
-                if index >= 3:  # the first rounds warm every path
+                if index >= 3:
                     rows[mode].append(result)
-        return rows
+        cpu_after, wall_s = _cpus(gateway_pids), time.perf_counter() - started
+        return rows, {mode: {"cpu_s": cpu_after[mode] - cpu_before[mode], "idle_s_per_s": idle[mode],
+                             "wall_s": wall_s} for mode in gateway_pids}
     finally:
         for channel in channels.values():
             await channel.close()
+
+
+def _cpus(gateway_pids: dict[str, int]) -> dict[str, float]:
+    """Each mode's gateway's CPU seconds so far, its process's and any it started, summed over their live
+    threads in nanoseconds (``/proc/<pid>/stat`` counts 10 ms ticks: a few in an idle gateway's five seconds)."""
+    return {mode: sum(sum(thread_cpu_s(each).values()) for each in (pid, *descendants(pid)))
+            for mode, pid in gateway_pids.items()}
+
+
+def _vs(value: float, base: float) -> str:
+    return f"{(value / base - 1) * 100:+.1f}%"
 
 
 def main() -> int:
@@ -94,6 +126,7 @@ def main() -> int:
     with otlp_receiver() as receiver:
         exporting = receiver.environment()
         with backend_processes(root, tls, **exporting) as (ports, started):
+            gateway_pids: dict[str, int] = {}
             for mode in MODES:
                 env = dict(exporting) if mode != "off" else {}
                 if mode == "content":
@@ -103,21 +136,31 @@ def main() -> int:
                 gateway = gateway_process(root, tls, f"gateway-{mode}", ports, **env)
                 started.append(gateway)
                 ports[mode] = gateway.wait_serving()
-            rows = asyncio.run(run(ports, tls, args.turns))
+                gateway_pids[mode] = gateway.pid
+            rows, cpu = asyncio.run(run(ports, tls, args.turns, gateway_pids))
         exported = len(receiver.spans())
 
     # A turn whose tokens all decode to empty text (the smoke model's random
     # weights can do that) has no first-token time; it still counts for total.
     stats = {mode: {"ttft": summary([r["ttft"] for r in rows[mode] if r["ttft"] is not None]),
-                    "total": summary([r["total"] for r in rows[mode]])}
+                    "total": summary([r["total"] for r in rows[mode]]),
+                    "gateway_cpu_ms_per_turn": cpu[mode]["cpu_s"] * 1000 / len(rows[mode]),
+                    "gateway_idle_ms_per_s": cpu[mode]["idle_s_per_s"] * 1000,
+                    "gateway_cpu_ms_per_turn_less_idle": (cpu[mode]["cpu_s"] - cpu[mode]["idle_s_per_s"]
+                                                          * cpu[mode]["wall_s"]) * 1000 / len(rows[mode])}
              for mode in MODES}
     base = stats["off"]
     table = [{"mode": mode, "turns": s["total"]["n"], "TTFT p50": s["ttft"]["p50"], "TTFT p99": s["ttft"]["p99"],
               "total p50": s["total"]["p50"], "total p95": s["total"]["p95"], "total p99": s["total"]["p99"],
-              "p50 vs off": f"{(s['total']['p50'] / base['total']['p50'] - 1) * 100:+.1f}%"}
+              "p50 vs off": _vs(s["total"]["p50"], base["total"]["p50"]),
+              "gw CPU ms/turn": s["gateway_cpu_ms_per_turn"], "gw idle ms/s": s["gateway_idle_ms_per_s"],
+              "gw CPU less idle": s["gateway_cpu_ms_per_turn_less_idle"],
+              "less idle vs off": _vs(s["gateway_cpu_ms_per_turn_less_idle"],
+                                      base["gateway_cpu_ms_per_turn_less_idle"])}
              for mode, s in stats.items()]
     print_table("Chat turn with the gateway's tracing off / on / on + content / dead collector, ms (16 tokens)", table,
-                ["mode", "turns", "TTFT p50", "TTFT p99", "total p50", "total p95", "total p99", "p50 vs off"])
+                ["mode", "turns", "TTFT p50", "TTFT p99", "total p50", "total p95", "total p99", "p50 vs off",
+                 "gw CPU ms/turn", "gw idle ms/s", "gw CPU less idle", "less idle vs off"])
     print(f"spans received by the OTLP receiver: {exported} (goal: under 3% added at p50)")
     print(f"command: {command_line()}")
     write_json(args.json, {"stats": stats, "spans_exported": exported})
