@@ -47,6 +47,8 @@ from tests.support.retrieval_service import passage_documents
 from tests.support.servers import free_port
 
 MODES = ("off", "on", "content", "dead")
+#: Rounds (a turn on every mode) before the timed ones.
+WARM_UP_ROUNDS = 3
 #: Seconds each gateway's CPU is measured with no call running, before the timed rounds.
 IDLE_S = 5.0
 #: Each mode's tenant: a prefix-cache partition and a collection of its own.
@@ -83,23 +85,25 @@ async def run(ports: dict[str, int], tls: Path, turns: int, gateway_pids: dict[s
             await stub.IngestDocuments(pb.IngestDocumentsRequest(collection="docs", documents=documents), timeout=300)
         sessions = {mode: (await stub.CreateSession(pb.CreateSessionRequest(), timeout=5)).session.id
                     for mode, stub in stubs.items()}
-        rows: dict[str, list[dict]] = {mode: [] for mode in MODES}
-        cpu_before: dict[str, float] = {}
-        for index in range(turns + 3):
-            if index == 3:  # the first rounds warm every path
-                idle_before, idle_started = _cpus(gateway_pids), time.perf_counter()
-                await asyncio.sleep(IDLE_S)
-                cpu_before, started = _cpus(gateway_pids), time.perf_counter()
-                idle = {mode: (cpu_before[mode] - idle_before[mode]) / (started - idle_started)
-                        for mode in gateway_pids}
+
+        async def one_round(index: int) -> dict[str, dict]:
             order = MODES[index % len(MODES):] + MODES[:index % len(MODES)]  # who goes first rotates too
-            for mode in order:
-                result = await turn(stubs[mode], sessions[mode], QUESTIONS[index % len(QUESTIONS)])
-                if index >= 3:
-                    rows[mode].append(result)
+            return {mode: await turn(stubs[mode], sessions[mode], QUESTIONS[index % len(QUESTIONS)])
+                    for mode in order}
+
+        for index in range(WARM_UP_ROUNDS):  # every path warm before anything is timed
+            await one_round(index)
+        idle_before, idle_started = _cpus(gateway_pids), time.perf_counter()
+        await asyncio.sleep(IDLE_S)
+        cpu_before, started = _cpus(gateway_pids), time.perf_counter()
+        rows: dict[str, list[dict]] = {mode: [] for mode in MODES}
+        for index in range(WARM_UP_ROUNDS, WARM_UP_ROUNDS + turns):
+            for mode, result in (await one_round(index)).items():
+                rows[mode].append(result)
         cpu_after, wall_s = _cpus(gateway_pids), time.perf_counter() - started
-        return rows, {mode: {"cpu_s": cpu_after[mode] - cpu_before[mode], "idle_s_per_s": idle[mode],
-                             "wall_s": wall_s} for mode in gateway_pids}
+        return rows, {mode: {"cpu_s": cpu_after[mode] - cpu_before[mode], "wall_s": wall_s,
+                             "idle_s_per_s": (cpu_before[mode] - idle_before[mode]) / (started - idle_started)}
+                      for mode in gateway_pids}
     finally:
         for channel in channels.values():
             await channel.close()
