@@ -2,12 +2,14 @@
 """What tracing adds to an agent turn: Chat with the gateway's tracing off, on, on with content, and dead.
 
 One inference and one retrieval service (both exporting to a real OTLP
-receiver started here), and three gateway processes on them:
+receiver started here), and a gateway process for each mode on them:
 - off: no OTEL_EXPORTER_OTLP_ENDPOINT (no span recorded since 2026-12-02; every call still gets a trace id);
 - on: exporting to the receiver over OTLP/gRPC;
 - content: exporting, with AGW_TRACE_CONTENT=1 (prompt and answer on spans);
-- dead: exporting to an address where nothing listens (a collector that is down).
-Turns go round-robin over the four, so the machine's noise falls on all
+- dead: exporting to an address where nothing listens (a collector that is down);
+- sampled, with ``--sampled RATIO``: exporting, with OpenTelemetry's own
+  ``OTEL_TRACES_SAMPLER=parentbased_traceidratio`` at that ratio.
+Turns go round-robin over the four (or five), so the machine's noise falls on all
 alike. Each turn: session history, retrieval, 16 generated tokens, persist.
 Each mode calls as a tenant of its own (``tenant/trace-<mode>``), so its
 session's prompts have a prefix-cache partition of their own: the four
@@ -23,7 +25,7 @@ running: health and metric readers, the span exporter's thread), which at
 one turn in four a gateway weighs on each of its turns. The backends export
 spans for every mode alike, so their CPU is not told apart by mode.
 
-    python bench/tracing_overhead.py [--turns 60] [--json bench/out/tracing.json]
+    python bench/tracing_overhead.py [--turns 60] [--sampled 0.1] [--json bench/out/tracing.json]
 """
 
 from __future__ import annotations
@@ -51,8 +53,6 @@ MODES = ("off", "on", "content", "dead")
 WARM_UP_ROUNDS = 3
 #: Seconds each gateway's CPU is measured with no call running, before the timed rounds.
 IDLE_S = 5.0
-#: Each mode's tenant: a prefix-cache partition and a collection of its own.
-TENANTS = {mode: f"trace-{mode}" for mode in MODES}
 QUESTIONS = ["How does the for statement work?", "What does with do?", "Explain try and except.",
              "How are classes defined?", "What is a lambda?", "How do imports work?"]
 SAMPLING = inference_pb2.SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
@@ -72,9 +72,10 @@ async def turn(stub, session: str, question: str) -> dict:
 async def run(ports: dict[str, int], tls: Path, turns: int, gateway_pids: dict[str, int]) -> tuple[dict, dict]:
     """Each mode's timed turns, and each mode's gateway CPU over them (the warm-up rounds left out): ``cpu_s``,
     seconds, and ``idle_s_per_s``, what it spent per second with no call running."""
+    modes = tuple(gateway_pids)
     channels = {mode: open_channel(ChannelSpec(target=f"127.0.0.1:{ports[mode]}",
-                                               tls=ClientTls.for_identity(tls, f"tenant/{TENANTS[mode]}")))
-                for mode in MODES}
+                                               tls=ClientTls.for_identity(tls, f"tenant/{_tenant(mode)}")))
+                for mode in modes}
     try:
         stubs = {}
         for mode, channel in channels.items():
@@ -87,7 +88,7 @@ async def run(ports: dict[str, int], tls: Path, turns: int, gateway_pids: dict[s
                     for mode, stub in stubs.items()}
 
         async def one_round(index: int) -> dict[str, dict]:
-            order = MODES[index % len(MODES):] + MODES[:index % len(MODES)]  # who goes first rotates too
+            order = modes[index % len(modes):] + modes[:index % len(modes)]  # who goes first rotates too
             return {mode: await turn(stubs[mode], sessions[mode], QUESTIONS[index % len(QUESTIONS)])
                     for mode in order}
 
@@ -96,7 +97,7 @@ async def run(ports: dict[str, int], tls: Path, turns: int, gateway_pids: dict[s
         idle_before, idle_started = _cpus(gateway_pids), time.perf_counter()
         await asyncio.sleep(IDLE_S)
         cpu_before, started = _cpus(gateway_pids), time.perf_counter()
-        rows: dict[str, list[dict]] = {mode: [] for mode in MODES}
+        rows: dict[str, list[dict]] = {mode: [] for mode in modes}
         for index in range(WARM_UP_ROUNDS, WARM_UP_ROUNDS + turns):
             for mode, result in (await one_round(index)).items():
                 rows[mode].append(result)
@@ -107,6 +108,11 @@ async def run(ports: dict[str, int], tls: Path, turns: int, gateway_pids: dict[s
     finally:
         for channel in channels.values():
             await channel.close()
+
+
+def _tenant(mode: str) -> str:
+    """Each mode's tenant: a prefix-cache partition and a collection of its own."""
+    return f"trace-{mode}"
 
 
 def _cpus(gateway_pids: dict[str, int]) -> dict[str, float]:
@@ -123,20 +129,26 @@ def _vs(value: float, base: float) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=60, help="turns per mode")
+    parser.add_argument("--sampled", type=float, metavar="RATIO",
+                        help="also a gateway exporting a RATIO of its traces (parentbased_traceidratio)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    modes = MODES + (("sampled",) if args.sampled is not None else ())
     root = scratch_dir("tracing")
-    tls = dev_pki(root, tenants=tuple(TENANTS.values()))
+    tls = dev_pki(root, tenants=tuple(_tenant(mode) for mode in modes))
     with otlp_receiver() as receiver:
         exporting = receiver.environment()
         with backend_processes(root, tls, **exporting) as (ports, started):
             gateway_pids: dict[str, int] = {}
-            for mode in MODES:
+            for mode in modes:
                 env = dict(exporting) if mode != "off" else {}
                 if mode == "content":
                     env["AGW_TRACE_CONTENT"] = "1"
                 if mode == "dead":
                     env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{free_port()}"
+                if mode == "sampled":
+                    env.update(OTEL_TRACES_SAMPLER="parentbased_traceidratio",
+                               OTEL_TRACES_SAMPLER_ARG=str(args.sampled))
                 gateway = gateway_process(root, tls, f"gateway-{mode}", ports, **env)
                 started.append(gateway)
                 ports[mode] = gateway.wait_serving()
@@ -152,7 +164,7 @@ def main() -> int:
                     "gateway_idle_ms_per_s": cpu[mode]["idle_s_per_s"] * 1000,
                     "gateway_cpu_ms_per_turn_less_idle": (cpu[mode]["cpu_s"] - cpu[mode]["idle_s_per_s"]
                                                           * cpu[mode]["wall_s"]) * 1000 / len(rows[mode])}
-             for mode in MODES}
+             for mode in modes}
     base = stats["off"]
     table = [{"mode": mode, "turns": s["total"]["n"], "TTFT p50": s["ttft"]["p50"], "TTFT p99": s["ttft"]["p99"],
               "total p50": s["total"]["p50"], "total p95": s["total"]["p95"], "total p99": s["total"]["p99"],
