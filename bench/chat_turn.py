@@ -56,7 +56,13 @@ they are. On 2 cores it took the engine's part out of the share, and gave
 no turn an earlier first token (docs/benchmarks.md, "The engine worker's
 core to itself").
 
-    python bench/chat_turn.py [--turns 50] [--max-tokens 16] [--window-step 16] [--side-by-side early|prefill] [--no-retrieval] [--backend-nice 5] [--isolate-engine GROUPS] [--json bench/out/chat.json]
+``--export-traces all|RATIO`` has every service of ours export its traces
+(all, or that ratio of them, OpenTelemetry's ``parentbased_traceidratio``)
+to a sink that counts them and keeps nothing (bench/trace_sink.py), as a
+deployment with a collector does. Off by default: the goals are judged
+without it, and ``bench/tracing_overhead.py`` measures what it adds.
+
+    python bench/chat_turn.py [--turns 50] [--max-tokens 16] [--window-step 16] [--side-by-side early|prefill] [--no-retrieval] [--backend-nice 5] [--isolate-engine GROUPS] [--export-traces all|RATIO] [--json bench/out/chat.json]
 """
 
 from __future__ import annotations
@@ -75,7 +81,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness import (UNBOUNDED_ADMISSION, CpuMeter, backend_processes, command_line, dev_pki, engine_worker_cpus,
-                     gateway_process, move_off_cpus, print_table, scratch_dir, summary, write_json)
+                     export_environment, export_ratio, exporting, gateway_process, move_off_cpus, print_table,
+                     report_export, scratch_dir, summary, write_json)
 
 from agent.gateway.v1 import gateway_pb2 as pb
 from agent.gateway.v1 import gateway_pb2_grpc
@@ -589,6 +596,9 @@ def main() -> int:
     parser.add_argument("--isolate-engine", type=_process_groups, default=(), metavar="GROUPS",
                         help="comma-separated, from " + ", ".join(PROCESS_GROUPS) + ": moved off the CPUs vLLM's "
                              "CPU worker bound, once the stack is up, so that the worker has them to itself")
+    parser.add_argument("--export-traces", type=export_ratio, metavar="all|RATIO",
+                        help="every service exports its traces (all) or that ratio of them (OpenTelemetry's "
+                             "parentbased_traceidratio) to a sink that counts them (trace_sink.py); off by default")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     step = {} if args.window_step is None else {"history_window_step": args.window_step}
@@ -600,14 +610,16 @@ def main() -> int:
         # retrieval, which admits them as the gateway would; unbounded, as in the other benches
         backend_env.update(AGW_INFERENCE_EDGE_CLIENTS="service/edge", AGW_RETRIEVAL_EDGE_CLIENTS="service/edge",
                            **UNBOUNDED_ADMISSION)
-    with backend_processes(root, tls, **backend_env) as (ports, started):
+    with (exporting(args.export_traces) as sink,
+          backend_processes(root, tls, **backend_env, **export_environment(sink, args.export_traces)) as (ports, started)):
         variants, gateway_pids, edge_pids = {"gateway": {}}, [], []
         if args.side_by_side:
             variants["gateway_off"] = SIDE_BY_SIDE[args.side_by_side][1]
         for name, env in variants.items():
             gateway = gateway_process(root, tls, name, ports,
                                       AGW_GATEWAY_HISTORY_WINDOW_STEP=str(window.history_window_step),
-                                      **({"AGW_GATEWAY_EDGE_CLIENTS": "service/edge"} if args.edge else {}), **env)
+                                      **({"AGW_GATEWAY_EDGE_CLIENTS": "service/edge"} if args.edge else {}),
+                                      **export_environment(sink, args.export_traces), **env)
             started.append(gateway)
             gateway_pids.append(gateway.pid)
             ports[name] = gateway.wait_serving()
@@ -661,8 +673,9 @@ def main() -> int:
         _report(level, s["concurrency"], "gateway", s)
         if "off" in s:
             _report(level, s["concurrency"], f"gateway, {off_label}", s["off"])
+    traces = report_export(sink, args.export_traces)
     print(f"command: {command_line()}")
-    write_json(args.json, {"stats": stats})
+    write_json(args.json, {"stats": stats, "trace_export": traces})
     return 0
 
 

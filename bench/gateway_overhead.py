@@ -25,7 +25,7 @@ threads are the rest), and, before the runs, every process's CPU while no call
 runs (`--idle-s`). Messages per call are counted at the client (tokens do not
 change under coalescing; messages may).
 
-    python bench/gateway_overhead.py [--requests 300] [--rounds 8] [--workers 1,2] [--smg] [--bare] [--edge] [--json bench/out/overhead.json]
+    python bench/gateway_overhead.py [--requests 300] [--rounds 8] [--workers 1,2] [--smg] [--bare] [--edge] [--export-traces all|RATIO] [--json bench/out/overhead.json]
 
 `--bare` adds a path through a bare grpc.aio passthrough on uvloop, as the
 gateway runs, in front of retrieval (unary) and inference (`Generate`, read
@@ -42,6 +42,11 @@ own methods.
 
 `--smg` adds a streaming block with SMG in front of vLLM's own gRPC server,
 run after ours is stopped (bench/smg_peer.py; `pip install -e '.[peers]'`).
+
+`--export-traces all|RATIO` has the backends and the gateway export their
+traces (all, or that ratio of them) to a sink that counts them
+(bench/trace_sink.py), as a deployment with a collector does; off by
+default. Envoy (the peer and the edge) traces nothing either way.
 """
 
 from __future__ import annotations
@@ -64,8 +69,12 @@ from harness import (
     backend_processes,
     command_line,
     dev_pki,
+    export_environment,
+    export_ratio,
+    exporting,
     gateway_process,
     print_table,
+    report_export,
     scratch_dir,
     summary,
     write_json,
@@ -364,6 +373,9 @@ def main() -> int:
                              "the backends")
     parser.add_argument("--idle-s", type=float, default=5.0,
                         help="seconds with no calls before the runs, to read each process's background CPU")
+    parser.add_argument("--export-traces", type=export_ratio, metavar="all|RATIO",
+                        help="the backends and the gateway export their traces (all) or that ratio of them "
+                             "(parentbased_traceidratio) to a sink that counts them (trace_sink.py); off by default")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.smg:
@@ -378,7 +390,8 @@ def main() -> int:
     if args.edge:  # the backends serve the public methods to the edge's identity, admitting as much as the gateway
         backend_env.update(AGW_INFERENCE_EDGE_CLIENTS="service/edge", AGW_RETRIEVAL_EDGE_CLIENTS="service/edge",
                            **UNBOUNDED_ADMISSION)
-    with backend_processes(root, tls, **backend_env) as (ports, started):
+    with (exporting(args.export_traces) as sink,
+          backend_processes(root, tls, **backend_env, **export_environment(sink, args.export_traces)) as (ports, started)):
         inference_pid, retrieval_pid = ports["inference_pid"], ports["retrieval_pid"]
         envoy, ports["envoy"] = start_envoy(root, tls, ports["retrieval"], ports["inference"])
         bare = None
@@ -391,7 +404,8 @@ def main() -> int:
             for workers in args.workers:
                 gateway_port = free_port()  # fixed: the workers share it
                 gateway = gateway_process(root, tls, f"gateway-{workers}", ports, AGW_GATEWAY_WORKERS=str(workers),
-                                          AGW_GATEWAY_PORT=str(gateway_port), **UNBOUNDED_ADMISSION)
+                                          AGW_GATEWAY_PORT=str(gateway_port), **UNBOUNDED_ADMISSION,
+                                          **export_environment(sink, args.export_traces))
                 edge = None
                 try:
                     gateway.wait_serving()
@@ -443,8 +457,10 @@ def main() -> int:
         print(f"idle CPU, ms per s, {workers} gateway worker(s), no calls for {args.idle_s:g} s: "
               + ", ".join(f"{name} {value:.1f}" for name, value in groups.items()
                           if name != "gateway_runqueue_wait" and " thread " not in name))
+    traces = report_export(sink, args.export_traces)
     print(f"command: {command_line()}")
-    write_json(args.json, {"rows": rows, "idle_cpu_ms_per_s": idle, "workers": args.workers, "stream_interval": args.stream_interval or 1})
+    write_json(args.json, {"rows": rows, "idle_cpu_ms_per_s": idle, "workers": args.workers,
+                           "stream_interval": args.stream_interval or 1, "trace_export": traces})
     return 0
 
 

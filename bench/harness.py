@@ -6,16 +6,19 @@ that produced its figures, so docs/benchmarks.md can quote it.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Sequence
-from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -259,3 +262,68 @@ def _threads(pid: int) -> list[int]:
         return [int(task.name) for task in Path(f"/proc/{pid}/task").iterdir()]
     except OSError:  # the process ended meanwhile
         return []
+
+
+def export_ratio(text: str) -> float:
+    """A bench's ``--export-traces``: ``all`` (1.0), or the ratio of traces to keep, in (0, 1]."""
+    if text == "all":
+        return 1.0
+    try:
+        ratio = float(text)
+    except ValueError:
+        ratio = 0.0
+    if not 0.0 < ratio <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give `all` or a ratio of traces in (0, 1], such as 0.1")
+    return ratio
+
+
+@dataclass
+class TraceSink:
+    """A running ``trace_sink.py``: where to export, and once it stopped, what it took."""
+
+    port: int
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def environment(self, ratio: float) -> dict[str, str]:
+        """What a service needs to export every trace here (``ratio`` 1.0), or that ratio of them: OpenTelemetry's
+        own variables, the batch processor at its defaults, as a deployment runs it."""
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{self.port}", "OTEL_EXPORTER_OTLP_INSECURE": "true"}
+        if ratio < 1.0:
+            env.update(OTEL_TRACES_SAMPLER="parentbased_traceidratio", OTEL_TRACES_SAMPLER_ARG=str(ratio))
+        return env
+
+
+@contextmanager
+def trace_sink() -> Iterator[TraceSink]:
+    """An OTLP/gRPC receiver that counts exports and keeps nothing (``trace_sink.py``), as a child process; its
+    counts are on the yielded sink once the block ends."""
+    process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("trace_sink.py"))],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        sink = TraceSink(int(process.stdout.readline()))
+        yield sink
+    finally:
+        out, _ = process.communicate(timeout=30)  # closes its stdin: it stops and prints its counts
+    if process.returncode != 0 or not out.strip():
+        raise RuntimeError(f"trace_sink.py exited {process.returncode} without its counts")
+    sink.counts = json.loads(out)
+
+
+def exporting(ratio: float | None):
+    """``trace_sink()`` where a bench exports traces (``ratio`` given), else a block that yields None."""
+    return nullcontext() if ratio is None else trace_sink()
+
+
+def export_environment(sink: TraceSink | None, ratio: float | None) -> dict[str, str]:
+    """The services' environment for ``exporting(ratio)``'s sink: empty where nothing is exported."""
+    return {} if sink is None else sink.environment(ratio)
+
+
+def report_export(sink: TraceSink | None, ratio: float | None) -> dict:
+    """What a run exported, for its JSON; printed too where it exported."""
+    if sink is None:
+        return {"ratio": None}
+    exported = {"ratio": ratio, **sink.counts}
+    print(f"traces exported (every service of ours, ratio {ratio:g}): {exported['exports']} exports, "
+          f"{exported['bytes'] / 2**20:.1f} MiB; the sink's own CPU {exported['cpu_s']:.1f} s")
+    return exported

@@ -28,7 +28,12 @@ over Envoy for the c=1 goal) is the median of the run's rounds' paired
 differences (``harness.added_p50``); a run of one round (every run before
 2026-12-06 08:00 UTC) is judged on the difference of its p50s.
 
-    python bench/load_goals.py [--runs 3] [--out bench/out/goals] [--path edge|gateway] [--json bench/out/goals.json]
+`--export-traces all|RATIO` runs both benches with every service of ours
+exporting its traces (all, or that ratio of them) to a sink that counts
+them, as a deployment with a collector does. The issue's goals are judged
+without it; with it, they say what a traced deployment keeps of them.
+
+    python bench/load_goals.py [--runs 3] [--out bench/out/goals] [--path edge|gateway] [--export-traces all|RATIO] [--json bench/out/goals.json]
     python bench/load_goals.py --chat bench/out/chat-*.json --overhead bench/out/edge-*.json
 """
 
@@ -43,7 +48,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness import added_p50, command_line, print_table, write_json
+from harness import added_p50, command_line, export_ratio, print_table, write_json
 
 BENCH = Path(__file__).resolve().parent
 #: 256 turns a level: at c=32, 64 turns were two a session (half of them first turns, the level's opening burst)
@@ -169,12 +174,14 @@ def _rows(run: dict, path: str) -> dict[tuple[str, int, str], dict]:
     return rows
 
 
-def run_benches(runs: int, out: Path) -> tuple[list[Path], list[Path]]:
-    """Run both benches ``runs`` times, alternating, each a fresh stack; their JSON paths."""
+def run_benches(runs: int, out: Path, extra: Sequence[str] = ()) -> tuple[list[Path], list[Path]]:
+    """Run both benches ``runs`` times, alternating, each a fresh stack, with ``extra`` arguments; their JSON
+    paths."""
     chat, overhead = [], []
     out.mkdir(parents=True, exist_ok=True)
     for n in range(1, runs + 1):
         for command, paths, name in ((CHAT_COMMAND, chat, "chat"), (OVERHEAD_COMMAND, overhead, "overhead")):
+            command = [*command, *extra]
             path = out / f"{name}-{n}.json"
             print(f"run {n}/{runs}: python bench/{' '.join(command)} --json {path}", flush=True)
             done = subprocess.run([sys.executable, *command, "--json", str(path.resolve())], cwd=BENCH,
@@ -212,13 +219,17 @@ def main() -> int:
                         help="judge these gateway_overhead.py JSON files instead of running")
     parser.add_argument("--path", choices=("edge", "gateway"), default="edge",
                         help="the path the passthrough goals are judged on")
+    parser.add_argument("--export-traces", type=export_ratio, metavar="all|RATIO",
+                        help="run both benches with their --export-traces: every service of ours exports its "
+                             "traces, all or that ratio, as in a deployment with a collector")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     chat, overhead = args.chat or [], args.overhead or []
     if not chat and not overhead:
-        chat, overhead = run_benches(args.runs, args.out)
+        extra = () if args.export_traces is None else ("--export-traces", f"{args.export_traces:g}")
+        chat, overhead = run_benches(args.runs, args.out, extra)
     verdicts = []
     if chat:
         verdicts += chat_verdicts([json.loads(p.read_text()) for p in chat])
@@ -227,6 +238,7 @@ def main() -> int:
     report(verdicts)
     print(f"command: {command_line()}")
     write_json(args.json, {"chat": [str(p) for p in chat], "overhead": [str(p) for p in overhead],
+                           "export_traces": args.export_traces,
                            "verdicts": [{**asdict(v), "median": v.median, "met": v.met, "margin": v.margin}
                                         for v in verdicts]})
     return 0 if all(v.met for v in verdicts) else 1
