@@ -227,6 +227,9 @@ def main() -> int:
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     chat, overhead = args.chat or [], args.overhead or []
+    if (chat or overhead) and args.export_traces is not None:
+        parser.error("--export-traces sets how this command runs the benches; runs given with --chat or "
+                     "--overhead were made already (their JSON's trace_export says how)")
     if not chat and not overhead:
         extra = () if args.export_traces is None else ("--export-traces", f"{args.export_traces:g}")
         chat, overhead = run_benches(args.runs, args.out, extra)

@@ -129,6 +129,15 @@ def test_judging_files_prints_the_table_and_exits_1_when_a_goal_is_missed(goals,
     assert "MISSED by 2.00 ms" in done.stdout and "met by 0.50x" in done.stdout
 
 
+def test_export_traces_with_runs_already_made_is_refused_with_the_reason(tmp_path):
+    chat = tmp_path / "chat.json"
+    chat.write_text(__import__("json").dumps(chat_run(6.0, 150.0, 100.0)))
+    done = subprocess.run([sys.executable, "load_goals.py", "--chat", str(chat), "--export-traces", "all"],
+                          cwd=BENCH, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "--export-traces sets how this command runs the benches" in done.stderr
+
+
 def test_with_rounds_a_path_is_judged_on_the_median_of_its_paired_round_differences(goals):
     # The pooled p50s say the edge adds 0.10 ms over Envoy; round by round it was faster in 2 rounds of 3.
     run = overhead_run(edge_c1=1.40, envoy_c1=1.30)
