@@ -611,7 +611,7 @@ def main() -> int:
         backend_env.update(AGW_INFERENCE_EDGE_CLIENTS="service/edge", AGW_RETRIEVAL_EDGE_CLIENTS="service/edge",
                            **UNBOUNDED_ADMISSION)
     with (exporting(args.export_traces) as sink,
-          backend_processes(root, tls, **backend_env, **export_environment(sink, args.export_traces)) as (ports, started)):
+          backend_processes(root, tls, **backend_env, **export_environment(sink)) as (ports, started)):
         variants, gateway_pids, edge_pids = {"gateway": {}}, [], []
         if args.side_by_side:
             variants["gateway_off"] = SIDE_BY_SIDE[args.side_by_side][1]
@@ -619,7 +619,7 @@ def main() -> int:
             gateway = gateway_process(root, tls, name, ports,
                                       AGW_GATEWAY_HISTORY_WINDOW_STEP=str(window.history_window_step),
                                       **({"AGW_GATEWAY_EDGE_CLIENTS": "service/edge"} if args.edge else {}),
-                                      **export_environment(sink, args.export_traces), **env)
+                                      **export_environment(sink), **env)
             started.append(gateway)
             gateway_pids.append(gateway.pid)
             ports[name] = gateway.wait_serving()
@@ -673,7 +673,7 @@ def main() -> int:
         _report(level, s["concurrency"], "gateway", s)
         if "off" in s:
             _report(level, s["concurrency"], f"gateway, {off_label}", s["off"])
-    traces = report_export(sink, args.export_traces)
+    traces = report_export(sink)
     print(f"command: {command_line()}")
     write_json(args.json, {"stats": stats, "trace_export": traces})
     return 0

@@ -391,7 +391,7 @@ def main() -> int:
         backend_env.update(AGW_INFERENCE_EDGE_CLIENTS="service/edge", AGW_RETRIEVAL_EDGE_CLIENTS="service/edge",
                            **UNBOUNDED_ADMISSION)
     with (exporting(args.export_traces) as sink,
-          backend_processes(root, tls, **backend_env, **export_environment(sink, args.export_traces)) as (ports, started)):
+          backend_processes(root, tls, **backend_env, **export_environment(sink)) as (ports, started)):
         inference_pid, retrieval_pid = ports["inference_pid"], ports["retrieval_pid"]
         envoy, ports["envoy"] = start_envoy(root, tls, ports["retrieval"], ports["inference"])
         bare = None
@@ -405,7 +405,7 @@ def main() -> int:
                 gateway_port = free_port()  # fixed: the workers share it
                 gateway = gateway_process(root, tls, f"gateway-{workers}", ports, AGW_GATEWAY_WORKERS=str(workers),
                                           AGW_GATEWAY_PORT=str(gateway_port), **UNBOUNDED_ADMISSION,
-                                          **export_environment(sink, args.export_traces))
+                                          **export_environment(sink))
                 edge = None
                 try:
                     gateway.wait_serving()
@@ -457,7 +457,7 @@ def main() -> int:
         print(f"idle CPU, ms per s, {workers} gateway worker(s), no calls for {args.idle_s:g} s: "
               + ", ".join(f"{name} {value:.1f}" for name, value in groups.items()
                           if name != "gateway_runqueue_wait" and " thread " not in name))
-    traces = report_export(sink, args.export_traces)
+    traces = report_export(sink)
     print(f"command: {command_line()}")
     write_json(args.json, {"rows": rows, "idle_cpu_ms_per_s": idle, "workers": args.workers,
                            "stream_interval": args.stream_interval or 1, "trace_export": traces})

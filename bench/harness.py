@@ -277,30 +277,36 @@ def export_ratio(text: str) -> float:
     return ratio
 
 
+def sampling_environment(ratio: float) -> dict[str, str]:
+    """OpenTelemetry's own variables to keep ``ratio`` of the traces (none where that is all of them)."""
+    if ratio >= 1.0:
+        return {}
+    return {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": str(ratio)}
+
+
 @dataclass
 class TraceSink:
-    """A running ``trace_sink.py``: where to export, and once it stopped, what it took."""
+    """A running ``trace_sink.py`` and the ratio of traces services keep; once it stopped, what it took."""
 
     port: int
+    ratio: float
     counts: dict[str, int] = field(default_factory=dict)
 
-    def environment(self, ratio: float) -> dict[str, str]:
-        """What a service needs to export every trace here (``ratio`` 1.0), or that ratio of them: OpenTelemetry's
-        own variables, the batch processor at its defaults, as a deployment runs it."""
-        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{self.port}", "OTEL_EXPORTER_OTLP_INSECURE": "true"}
-        if ratio < 1.0:
-            env.update(OTEL_TRACES_SAMPLER="parentbased_traceidratio", OTEL_TRACES_SAMPLER_ARG=str(ratio))
-        return env
+    def environment(self) -> dict[str, str]:
+        """What a service needs to export its traces here, at the sink's ratio: OpenTelemetry's own variables,
+        the batch processor at its defaults, as a deployment runs it."""
+        return {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{self.port}", "OTEL_EXPORTER_OTLP_INSECURE": "true",
+                **sampling_environment(self.ratio)}
 
 
 @contextmanager
-def trace_sink() -> Iterator[TraceSink]:
-    """An OTLP/gRPC receiver that counts exports and keeps nothing (``trace_sink.py``), as a child process; its
-    counts are on the yielded sink once the block ends."""
+def trace_sink(ratio: float = 1.0) -> Iterator[TraceSink]:
+    """An OTLP/gRPC receiver that counts exports and keeps nothing (``trace_sink.py``), as a child process, for
+    services keeping ``ratio`` of their traces; its counts are on the yielded sink once the block ends."""
     process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("trace_sink.py"))],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        sink = TraceSink(int(process.stdout.readline()))
+        sink = TraceSink(int(process.stdout.readline()), ratio)
         yield sink
     finally:
         out, _ = process.communicate(timeout=30)  # closes its stdin: it stops and prints its counts
@@ -310,20 +316,20 @@ def trace_sink() -> Iterator[TraceSink]:
 
 
 def exporting(ratio: float | None):
-    """``trace_sink()`` where a bench exports traces (``ratio`` given), else a block that yields None."""
-    return nullcontext() if ratio is None else trace_sink()
+    """``trace_sink(ratio)`` where a bench exports traces (``ratio`` given), else a block that yields None."""
+    return nullcontext() if ratio is None else trace_sink(ratio)
 
 
-def export_environment(sink: TraceSink | None, ratio: float | None) -> dict[str, str]:
-    """The services' environment for ``exporting(ratio)``'s sink: empty where nothing is exported."""
-    return {} if sink is None else sink.environment(ratio)
+def export_environment(sink: TraceSink | None) -> dict[str, str]:
+    """The services' environment for ``exporting()``'s sink: empty where nothing is exported."""
+    return {} if sink is None else sink.environment()
 
 
-def report_export(sink: TraceSink | None, ratio: float | None) -> dict:
+def report_export(sink: TraceSink | None) -> dict:
     """What a run exported, for its JSON; printed too where it exported."""
     if sink is None:
         return {"ratio": None}
-    exported = {"ratio": ratio, **sink.counts}
-    print(f"traces exported (every service of ours, ratio {ratio:g}): {exported['exports']} exports, "
+    exported = {"ratio": sink.ratio, **sink.counts}
+    print(f"traces exported (every service of ours, ratio {sink.ratio:g}): {exported['exports']} exports, "
           f"{exported['bytes'] / 2**20:.1f} MiB; the sink's own CPU {exported['cpu_s']:.1f} s")
     return exported

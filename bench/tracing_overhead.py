@@ -41,8 +41,8 @@ import asyncio
 import time
 from pathlib import Path
 
-from harness import (backend_processes, command_line, dev_pki, gateway_process, print_table, scratch_dir, summary,
-                     write_json)
+from harness import (backend_processes, command_line, dev_pki, gateway_process, print_table, sampling_environment,
+                     scratch_dir, summary, write_json)
 
 from agent.gateway.v1 import gateway_pb2 as pb
 from agent.gateway.v1 import gateway_pb2_grpc
@@ -164,8 +164,7 @@ def main() -> int:
                 if mode == "dead":
                     env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{free_port()}"
                 if mode == "sampled":
-                    env.update(OTEL_TRACES_SAMPLER="parentbased_traceidratio",
-                               OTEL_TRACES_SAMPLER_ARG=str(args.sampled))
+                    env.update(sampling_environment(args.sampled))
                 gateway = gateway_process(root, tls, f"gateway-{mode}", ports, **env)
                 started.append(gateway)
                 ports[mode] = gateway.wait_serving()

@@ -45,7 +45,7 @@ def _traced(environment: dict[str, str], spans: int) -> None:
 
 def test_spans_a_service_exports_with_the_sinks_environment_are_counted(harness):
     with harness.trace_sink() as sink:
-        _traced(sink.environment(1.0), spans=40)
+        _traced(sink.environment(), spans=40)
     assert sink.counts["exports"] >= 1
     # Each span carries at least its 16-byte trace id, 8-byte span id and its name.
     assert sink.counts["bytes"] > 40 * 30, sink.counts
@@ -53,12 +53,12 @@ def test_spans_a_service_exports_with_the_sinks_environment_are_counted(harness)
 
 
 def test_a_ratio_is_handed_to_opentelemetrys_sampler(harness):
-    with harness.trace_sink() as sink:
-        environment = sink.environment(1e-12)  # no trace id falls under it, in practice
+    with harness.trace_sink(1e-12) as sink:  # no trace id falls under it, in practice
+        environment = sink.environment()
         assert environment["OTEL_TRACES_SAMPLER"] == "parentbased_traceidratio"
         _traced(environment, spans=40)
     assert sink.counts["exports"] == 0, sink.counts
-    assert "OTEL_TRACES_SAMPLER" not in sink.environment(1.0)
+    assert "OTEL_TRACES_SAMPLER" not in harness.TraceSink(port=1, ratio=1.0).environment()
 
 
 @pytest.mark.parametrize("text, ratio", [("all", 1.0), ("0.1", 0.1), ("1", 1.0)])
@@ -75,5 +75,5 @@ def test_export_traces_refuses_what_is_not_a_ratio_and_says_what_to_give(harness
 def test_no_export_means_no_sink_and_no_environment(harness):
     with harness.exporting(None) as sink:
         assert sink is None
-        assert harness.export_environment(sink, None) == {}
-    assert harness.report_export(None, None) == {"ratio": None}
+        assert harness.export_environment(sink) == {}
+    assert harness.report_export(None) == {"ratio": None}
