@@ -19,6 +19,8 @@ one line per problem, and exits 1 if there are any. What it holds them to:
   ``terminationGracePeriodSeconds`` covers ``preStop`` plus ``AGW_GRACE_S``;
   requests and limits are set; pods run non-root, containers without
   privilege escalation and on a read-only root filesystem; images are pinned;
+- the inference pod is in the Guaranteed QoS class (requests equal to limits,
+  whole CPUs), so a node's static CPU manager gives the engine CPUs of its own;
 - NetworkPolicies deny ingress by default, and the backends' ports admit the
   gateway's pods only (and the edge's, where there is one);
 - an edge (``components/edge``: Envoy, with the bootstrap an ``agentgw
@@ -33,7 +35,9 @@ one line per problem, and exits 1 if there are any. What it holds them to:
 from __future__ import annotations
 
 import json
+import re
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import yaml
@@ -212,6 +216,48 @@ def _check_ours(where, doc, container, service, services, docs, certificates) ->
     problems += _check_identity(where, doc, container, service, certificates)
     if service == "gateway":
         problems += _check_targets(where, env, services, docs)
+    if service == "inference":
+        problems += _check_guaranteed(where, doc)
+    return problems
+
+
+#: Binary and decimal suffixes of a Kubernetes quantity, as multipliers.
+_QUANTITY_SUFFIXES = {"m": Fraction(1, 1000), "": Fraction(1), "k": Fraction(10**3), "M": Fraction(10**6),
+                      "G": Fraction(10**9), "T": Fraction(10**12), "Ki": Fraction(2**10), "Mi": Fraction(2**20),
+                      "Gi": Fraction(2**30), "Ti": Fraction(2**40)}
+
+
+def _quantity(value) -> Fraction | None:
+    """A resource quantity's value (``"500m"`` is 1/2, ``"8Gi"`` 8 * 2**30), or None when it is not one."""
+    match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([a-zA-Z]*)", str(value))
+    if not match or match[2] not in _QUANTITY_SUFFIXES:
+        return None
+    return Fraction(match[1]) * _QUANTITY_SUFFIXES[match[2]]
+
+
+def _check_guaranteed(where: str, doc: dict) -> list[str]:
+    """The inference pod is in the Guaranteed QoS class, with whole CPUs.
+
+    On a node whose kubelet runs the static CPU manager, only such a pod's
+    containers get CPUs of their own. The engine needs them: on shared cores
+    its worker's step waits behind the other processes (docs/benchmarks.md,
+    "The engine worker's core to itself"). And the engine takes its KV cache up
+    front, so a memory request under the limit would let the node be
+    overcommitted by what the pod is sure to use.
+    """
+    problems = []
+    for container in _containers(doc, init=True):
+        resources = container.get("resources") or {}
+        requests, limits = resources.get("requests") or {}, resources.get("limits") or {}
+        for resource in ("cpu", "memory"):
+            request, limit = requests.get(resource), limits.get(resource)
+            if limit is None or _quantity(request if request is not None else limit) != _quantity(limit):
+                problems.append(f"{where}: the inference pod must be Guaranteed: {container['name']}'s {resource} "
+                                f"request ({request}) must equal its limit ({limit})")
+        cpu = _quantity(limits.get("cpu"))
+        if cpu is not None and cpu.denominator != 1:
+            problems.append(f"{where}: {container['name']}'s CPU limit {limits['cpu']} is not a whole number: the "
+                            "static CPU manager gives CPUs of their own only to whole CPUs in a Guaranteed pod")
     return problems
 
 

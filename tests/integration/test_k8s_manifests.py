@@ -55,6 +55,19 @@ def test_the_deployment_has_what_the_issue_asks_for(base):
     assert all(d["metadata"]["namespace"] == "agw" for d in base if d["kind"] != "Namespace")
 
 
+def test_equal_quantities_in_other_units_are_guaranteed(base):
+    # Kubernetes compares quantities, not their spelling: 4000m is 4 CPUs, 8192Mi is 8Gi.
+    def spelled_otherwise(docs):
+        resources = _container(docs, "StatefulSet", "agw-inference")["resources"]
+        resources["requests"].update(cpu="4000m", memory="8192Mi")
+        resources["limits"].update(cpu="4", memory="8Gi")
+    assert _broken(base, spelled_otherwise) == []
+
+    def requests_left_to_the_limits(docs):  # Kubernetes sets a missing request to its limit
+        _container(docs, "StatefulSet", "agw-inference")["resources"]["requests"].pop("cpu")
+    assert _broken(base, requests_left_to_the_limits) == []
+
+
 def test_the_gpu_overlay_asks_for_a_gpu_and_a_model():
     inference = _container(k8scheck.render(k8scheck.ROOT / "overlays" / "gpu"), "StatefulSet", "agw-inference")
     assert inference["resources"]["limits"]["nvidia.com/gpu"] == "1"
@@ -102,6 +115,13 @@ def _broken(docs: list[dict], change) -> list[str]:
     (lambda d: _container(d, "Deployment", "agw-retrieval")["resources"].pop("limits"), "requests and limits"),
     (lambda d: _container(d, "Deployment", "agw-jaeger").update(image="jaegertracing/all-in-one:latest"),
      "is not pinned"),
+    # The engine's pod is Guaranteed, with whole CPUs, so a static CPU manager gives it CPUs of its own.
+    (lambda d: _container(d, "StatefulSet", "agw-inference")["resources"]["limits"].update(memory="12Gi"),
+     "the inference pod must be Guaranteed: inference's memory request (8Gi) must equal its limit (12Gi)"),
+    (lambda d: _container(d, "StatefulSet", "agw-inference")["resources"]["limits"].pop("cpu"),
+     "inference's cpu request (4) must equal its limit (None)"),
+    (lambda d: [_container(d, "StatefulSet", "agw-inference")["resources"][k].update(cpu="3500m")
+                for k in ("requests", "limits")], "CPU limit 3500m is not a whole number"),
     # The network: backends admit the gateway only.
     (lambda d: d.remove(_find(d, "NetworkPolicy", "default-deny-ingress")), "no default deny"),
     (lambda d: _find(d, "NetworkPolicy", "inference-ingress")["spec"]["ingress"][0].pop("from"),
