@@ -112,9 +112,11 @@ def dev_pki(root: Path, tenants: tuple[str, ...] = ("dev",)) -> Path:
 def _service_process(module: str, prefix: str, root: Path, tls_dir: Path, name: str, env: dict):
     from agentgw.supervisor import ServiceProcess
 
+    # From the repository the bench is in: `python -m` looks in the working directory first, and only then in
+    # the editable install, which may be another checkout's (a worktree's bench ran the main tree's services).
     return ServiceProcess(
         module, root / name, tls_dir, prefix,
-        env={"AGW_HOME": str(root / "home"), "AGW_LOG_LEVEL": "WARNING", **env},
+        env={"AGW_HOME": str(root / "home"), "AGW_LOG_LEVEL": "WARNING", **env}, cwd=REPO,
     )
 
 
