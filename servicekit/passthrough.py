@@ -18,35 +18,26 @@ import grpc
 from google.protobuf import message_factory
 from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
 
+from servicekit.wire import ONE_BYTE, varint
+
 _LENGTH_DELIMITED = 2
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 #: The tags of fields 1 to 15 (one byte each): every wrapped message of a stream starts with one.
-_TAGS = {number: _varint(number << 3 | _LENGTH_DELIMITED) for number in range(1, 16)}
-#: Lengths under 128, each its one-byte varint.
-_ONE_BYTE = [bytes((value,)) for value in range(0x80)]
+_TAGS = {number: varint(number << 3 | _LENGTH_DELIMITED) for number in range(1, 16)}
 
 
 def wrap(field_number: int, payload: bytes) -> bytes:
     """The wire form of a message whose only set field ``field_number`` holds the message ``payload``."""
     # Per forwarded message (a streamed token's): the tag is looked up, and a length under 128 is one byte.
-    tag = _TAGS.get(field_number) or _varint(field_number << 3 | _LENGTH_DELIMITED)
+    tag = _TAGS.get(field_number) or varint(field_number << 3 | _LENGTH_DELIMITED)
     size = len(payload)
-    return b"".join((tag, _ONE_BYTE[size] if size < 0x80 else _varint(size), payload))
+    return b"".join((tag, ONE_BYTE[size] if size < 0x80 else varint(size), payload))
 
 
 def unwrap(field_number: int, data: bytes) -> bytes:
     """The payload of :func:`wrap`'s output (what a test or a client reading raw bytes needs)."""
-    header = _varint(field_number << 3 | _LENGTH_DELIMITED)
+    header = varint(field_number << 3 | _LENGTH_DELIMITED)
     if not data.startswith(header):
         raise ValueError(f"not a message holding only field {field_number}")
     length, shift, index = 0, 0, len(header)

@@ -2,7 +2,7 @@
 
 With ``OTEL_EXPORTER_OTLP_ENDPOINT`` set, spans go to that collector (Jaeger
 on 4317 in compose) through a batch processor and the standard ``OTEL_*``
-variables; the same with ``AGW_TRACE_FILE``, to a file. Without either nothing
+variables, encoded by :mod:`servicekit.span_export`; the same with ``AGW_TRACE_FILE``, to a file. Without either nothing
 would read a span, so none is recorded: every call still gets a trace id (the
 server span is made without the SDK then: :class:`UnrecordedServerSpans`),
 returned to clients and passed to backends, marked unsampled; a span started
@@ -57,9 +57,9 @@ def configure_tracing(service: str, version: str = "0.1.0", *, trace_file: Path 
     provider = (TracerProvider if recording else UnrecordedTracerProvider)(
         resource=resource, sampler=None if recording else ALWAYS_OFF)
     if exporting:
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        from servicekit.span_export import WireOtlpSpanExporter
 
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(timeout=_export_timeout_s())))
+        provider.add_span_processor(BatchSpanProcessor(WireOtlpSpanExporter(timeout=_export_timeout_s())))
         log.info("tracing: exporting spans over OTLP to %s", os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
     elif not trace_file:
         log.info("tracing: no OTEL_EXPORTER_OTLP_ENDPOINT nor AGW_TRACE_FILE, spans are not recorded "
