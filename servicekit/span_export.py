@@ -1,12 +1,12 @@
 """The OTLP span exporter our services use: OpenTelemetry's, with spans encoded straight into protobuf's wire format.
 
 The SDK's exporter builds a protobuf object for every span, attribute and
-value in Python, then serialises the tree: 12-25 ms of CPU for a batch of 512
-spans on the 2-core VMs this project is measured on, about 30 µs a span. It
+value in Python, then serialises the tree: 16-21 ms of CPU for a batch of 512
+spans on the 2-core VMs this project is measured on, 30-40 µs a span. It
 runs on the batch processor's thread, holding the GIL, so every thread of the
 process that wants the GIL meanwhile (the event loop, gRPC's poller) waits out
 the interpreter's switch interval, 5 ms, each time: a call served while its
-process exported took up to 20-35 ms instead of 1-2 (docs/benchmarks.md, "What
+process exported took up to 19-34 ms instead of 1-3 (docs/benchmarks.md, "What
 an export does to the calls it overlaps").
 
 :func:`encode_request` writes the same bytes directly: a span's fields in
@@ -15,15 +15,18 @@ int) encoded once and reused from a bounded cache. The request is parsed back
 into the SDK's message (C code, a fraction of a millisecond) so that the SDK's
 exporter sends it unchanged, with its settings, retries and ``OTEL_*``
 variables. A value the fast path does not take (a mapping, an int beyond 64
-bits) sends the batch through the SDK's own encoder instead.
+bits, a string no UTF-8 can hold) sends the batch through the SDK's own
+encoder instead, which decides what becomes of it.
 """
 
 from __future__ import annotations
 
+import logging
 import struct
 from collections import defaultdict
 from collections.abc import Sequence
 
+# A batch's resource and scopes are encoded by the SDK's own functions (private; the version is pinned).
 from opentelemetry.exporter.otlp.proto.common._internal import _encode_instrumentation_scope, _encode_resource
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -31,6 +34,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext
 
 from servicekit.wire import varint
+
+log = logging.getLogger(__name__)
 
 _FIXED64 = struct.Struct("<Q").pack
 _FIXED32 = struct.Struct("<I").pack
@@ -184,6 +189,10 @@ def encode_request(spans: Sequence[ReadableSpan], encoder: _Encoder | None = Non
     try:
         return (encoder or _Encoder()).request(spans)
     except _NotOnTheFastPath:
+        return None
+    except Exception:  # noqa: BLE001 - e.g. a string no UTF-8 can hold: the SDK's encoder decides (it skips
+        # such an attribute and logs it), so a batch never fails here where it would not have failed there
+        log.debug("a span batch left to the SDK's encoder", exc_info=True)
         return None
 
 

@@ -82,6 +82,16 @@ def test_a_value_off_the_fast_path_goes_through_the_sdks_encoder():
     assert exporter._translate_data(spans) == encode_spans(spans)
 
 
+def test_a_string_no_utf8_can_hold_is_left_to_the_sdk_which_drops_its_attribute():
+    spans = _finished([{"name": "call", "kind": SpanKind.SERVER, "attributes": {"bad": "x\ud800", "ok": "y"},
+                        "parent": None, "events": [], "links": [], "status": (StatusCode.UNSET, None),
+                        "scope": ("grpc", None, ""), "resource": 0, "times": (1, 2)}])
+    assert encode_request(spans) is None
+    request = WireOtlpSpanExporter(endpoint="http://127.0.0.1:9", insecure=True)._translate_data(spans)
+    assert request == encode_spans(spans)
+    assert [a.key for a in request.resource_spans[0].scope_spans[0].spans[0].attributes] == ["ok"]
+
+
 def test_recurring_attributes_come_from_the_cache_unchanged():
     specs = [{"name": f"call {i}", "kind": SpanKind.SERVER, "parent": None, "events": [], "links": [],
               "attributes": {"rpc.method": "Retrieve", "tenant": "dev", "ok": i % 2 == 0, "code": i % 3, "one": 1,
