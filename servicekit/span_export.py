@@ -10,8 +10,8 @@ process exported took up to 19-34 ms instead of 1-3 (docs/benchmarks.md, "What
 an export does to the calls it overlaps").
 
 :func:`encode_request` writes the same bytes directly: a span's fields in
-field order, each key-value pair of a common value (a string, a bool, a small
-int) encoded once and reused from a bounded cache. The request is parsed back
+field order, each key-value pair of a common value (a short string, a bool,
+an int) encoded once and reused from a bounded cache. The request is parsed back
 into the SDK's message (C code, a fraction of a millisecond) so that the SDK's
 exporter sends it unchanged, with its settings, retries and ``OTEL_*``
 variables. A value the fast path does not take (a mapping, an int beyond 64
@@ -94,9 +94,10 @@ class _Encoder:
             return []
         fields = []
         for key, value in attributes.items():
-            cacheable = value.__class__ in (bool, int) or (value.__class__ is str and len(value) <= _CACHED_STRING_CHARS)
+            kind = value.__class__
+            cacheable = kind is bool or kind is int or (kind is str and len(value) <= _CACHED_STRING_CHARS)
             if cacheable:
-                encoded = self._pairs.get((tag, key, value.__class__, value))
+                encoded = self._pairs.get((tag, key, kind, value))
                 if encoded is not None:
                     fields.append(encoded)
                     continue
@@ -104,12 +105,19 @@ class _Encoder:
             if cacheable:
                 if len(self._pairs) >= _CACHE_ENTRIES:
                     self._pairs.clear()
-                self._pairs[(tag, key, value.__class__, value)] = encoded
+                self._pairs[(tag, key, kind, value)] = encoded
             fields.append(encoded)
         return fields
 
     def span(self, span: ReadableSpan) -> bytes:
-        """One ``Span`` message, as the SDK's encoder would serialise it."""
+        """One ``Span`` message, as the SDK's encoder would serialise it.
+
+        Its fields in number order, each behind its tag (the number << 3 | the wire type): trace_id 1,
+        span_id 2, trace_state 3, parent_span_id 4, name 5, kind 6, start and end 7 and 8 (fixed64),
+        attributes 9, and the dropped attributes' count 10, events 11 (12), links 13 (14), status 15,
+        flags 16 (fixed32, a two-byte tag). A zero, an empty string or an absent part is left out, as
+        protobuf does.
+        """
         context, parent = span.context, span.parent
         parts = [b"\x0a\x10", context.trace_id.to_bytes(16, "big"), b"\x12\x08", context.span_id.to_bytes(8, "big")]
         if context.trace_state:
@@ -169,7 +177,8 @@ class _Encoder:
         for resource, scopes in groups.items():
             parts = [_field(b"\x0a", _encode_resource(resource).SerializeToString())]
             for scope, encoded_spans in scopes.items():
-                scope_parts = [_field(b"\x0a", _encode_instrumentation_scope(scope).SerializeToString()), *encoded_spans]
+                encoded_scope = _encode_instrumentation_scope(scope).SerializeToString()
+                scope_parts = [_field(b"\x0a", encoded_scope), *encoded_spans]
                 if scope is not None and scope.schema_url:
                     scope_parts.append(_field(b"\x1a", scope.schema_url.encode()))
                 parts.append(_field(b"\x12", b"".join(scope_parts)))
