@@ -128,6 +128,13 @@ async def measure(ports: dict[str, int], rounds: int, calls: int) -> dict[str, l
     return latencies
 
 
+def _last_line(output: str) -> dict:
+    """The JSON a server printed last (its export counts), or {} where it printed none (it died first): a
+    server's failure then stays the error reported, not a parse of its empty output."""
+    lines = output.splitlines()
+    return json.loads(lines[-1]) if lines else {}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=10, help="rounds; each calls both servers in turn")
@@ -151,9 +158,11 @@ def main() -> int:
             cpu_before = {name: cpu_seconds(server.pid) for name, server in servers.items()}
             latencies = asyncio.run(measure(ports, args.rounds, args.calls))
             cpu = {name: cpu_seconds(server.pid) - cpu_before[name] for name, server in servers.items()}
-        finally:
-            counts = {name: json.loads(server.communicate(timeout=60)[0].splitlines()[-1] or "{}")
-                      for name, server in servers.items()}
+        finally:  # closing a server's stdin stops it; it prints its counts last
+            counts = {name: _last_line(server.communicate(timeout=60)[0]) for name, server in servers.items()}
+    if not all(counts.values()):
+        raise RuntimeError("a server exited without its export counts: exit codes "
+                           + ", ".join(f"{name} {server.returncode}" for name, server in servers.items()))
     rows = []
     for name in EXPORTERS:
         values = latencies[name]
