@@ -264,7 +264,7 @@ class RetrievalCore:
             raise InvalidArgument("hnsw_ef", f"must be > 0 (got {request.hnsw_ef})")
         if request.vector is None and not (request.text or "").strip():
             raise InvalidArgument("query", "is empty; send query text or a vector")
-        spec, _ = await self.get_collection(request.collection)
+        spec = await self._store(self.store.collection_spec(request.collection))
         if request.vector is not None:
             vector = list(request.vector)
             if len(vector) != spec.vector_size:

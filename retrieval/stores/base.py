@@ -145,6 +145,10 @@ class VectorStore(Protocol):
     async def get_collection(self, name: str) -> tuple[CollectionSpec, int]:
         """The collection's spec and point count; raise NotFound if missing."""
 
+    async def collection_spec(self, name: str) -> CollectionSpec:
+        """The collection's spec alone, what a search needs; raise NotFound if missing. A store answers it
+        with as little work as it can: the point count is a call into the store that a search has no use for."""
+
     async def list_collections(self) -> list[str]:
         """Every collection's name."""
 

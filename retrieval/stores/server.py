@@ -101,6 +101,10 @@ class ServerStore:
         )
         return spec, info.points_count or 0
 
+    async def collection_spec(self, name: str) -> CollectionSpec:
+        spec, _ = await self.get_collection(name)
+        return spec
+
     async def list_collections(self) -> list[str]:
         response = await self._call(self._client.get_collections())
         return sorted(collection.name for collection in response.collections)

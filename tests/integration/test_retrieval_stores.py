@@ -19,6 +19,7 @@ from qdrant_client import models as qm
 from retrieval.stores.base import CollectionSpec, Condition, PayloadFilter, SearchQuery, StoredPoint, point_id
 from retrieval.stores.edge import EdgeStore
 from retrieval.stores.server import ServerStore
+from servicekit.errors import NotFound
 
 pytestmark = [
     pytest.mark.integration,
@@ -115,6 +116,15 @@ async def test_both_stores_keep_metadata_and_counts(stores):
         await store.update_metadata(CollectionSpec(**{**spec.__dict__, "tuned_ef": 48, "tuned_recall": 0.99}))
         again, _ = await store.get_collection("c")
         assert (again.tuned_ef, again.tuned_recall, again.default_payload_fields) == (48, 0.99, ("text",))
+
+
+async def test_both_stores_give_a_collection_spec_or_not_found(stores):
+    edge, server, _ = stores
+    for store in (edge, server):
+        spec = await store.collection_spec("c")
+        assert (spec.name, spec.vector_size, spec.default_payload_fields) == ("c", DIM, ("text",))
+        with pytest.raises(NotFound, match="'missing' does not exist"):
+            await store.collection_spec("missing")
 
 
 async def test_edge_store_survives_a_restart(tmp_path):
