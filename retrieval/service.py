@@ -121,7 +121,7 @@ class RetrievalApp:
                 log.info("store: Qdrant server at %s (gRPC preferred)", settings.qdrant_url)
             else:
                 store = await EdgeStore.open(settings.edge_dir, settings.store_threads,
-                                             settings.search_threads or None)
+                                             settings.search_threads or None, settings.inline_search_us)
                 log.info("store: Qdrant Edge in-process at %s", settings.edge_dir)
             stack.push_async_callback(store.close)
             embedder = await Embedder.load(settings.embed_model, settings.embed_threads, settings.embed_torch_threads,

@@ -53,6 +53,10 @@ class RetrievalSettings(ServiceSettings, PublicApiSettings):
     search_threads: int = Field(
         1, ge=0, description="Threads in each Qdrant Edge collection's search pool; 0: Qdrant's default, from the "
         "CPU count (on 2 cores it doubled a search's CPU; docs/benchmarks.md).")
+    inline_search_us: int = Field(
+        100, ge=0, description="A Qdrant Edge search whose recent cost (a decaying maximum, per collection and "
+        "query shape) is under this many microseconds runs on the event loop instead of the store's threads: the "
+        "hand-off costs more than such a search (docs/benchmarks.md). 0: every search on the threads.")
     upsert_chunk: int = Field(256, gt=0, description="Documents written per store call on upsert.")
     max_upsert_documents: int = Field(10_000, gt=0, description="Most documents in one Upsert request.")
     max_collections_per_tenant: int = Field(

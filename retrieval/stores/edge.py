@@ -2,7 +2,10 @@
 
 Each collection is one Edge shard under ``<root>/<name>/shard`` with our
 metadata in ``<root>/<name>/collection.json``. Edge calls are synchronous
-Rust; every one runs on the store's thread pool, never on the event loop.
+Rust; they run on the store's thread pool, off the event loop, but for
+searches that have lately cost less than the hand-off to that pool would
+(``inline_search_us``; :mod:`retrieval.stores.search_costs`), which run on the
+loop, and never while the collection has a write in flight.
 Writes to a collection are serialised by a lock; reads run concurrently.
 Edge builds its HNSW index only when asked (``optimize``), so the store marks
 a collection dirty on write and optimises before tuning or on demand.
@@ -22,11 +25,14 @@ import json
 import logging
 import os
 import shutil
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import qdrant_edge as qe
+
+from opentelemetry import trace
 
 from servicekit.errors import AlreadyExists, NotFound
 
@@ -40,6 +46,7 @@ from retrieval.stores.base import (
     StoredPoint,
     translate_filter,
 )
+from retrieval.stores.search_costs import SearchCosts
 
 log = logging.getLogger(__name__)
 
@@ -67,28 +74,35 @@ class _Collection:
         self.spec = spec
         self.write_lock = asyncio.Lock()
         self.dirty = False
+        self.search_costs = SearchCosts()
 
 
 class EdgeStore:
     """Collections as Qdrant Edge shards under one folder."""
 
-    def __init__(self, root: Path, executor: ThreadPoolExecutor, search_threads: int | None) -> None:
+    def __init__(self, root: Path, executor: ThreadPoolExecutor, search_threads: int | None,
+                 inline_search_us: int = 100) -> None:
         self._root = root
         self._executor = executor
         #: Each shard's search pool (None: Qdrant's CPU-derived default).
         self._search_threads = search_threads
+        #: A search that has lately cost less runs on the event loop (0: none does).
+        self._inline_search_s = inline_search_us / 1e6
         self._collections: dict[str, _Collection] = {}
         self._registry_lock = asyncio.Lock()
 
     @classmethod
-    async def open(cls, root: Path, threads: int = 2, search_threads: int | None = 1) -> EdgeStore:
+    async def open(cls, root: Path, threads: int = 2, search_threads: int | None = 1,
+                   inline_search_us: int = 100) -> EdgeStore:
         """Open (or create) the store and load every collection in it.
 
         Args:
             threads: the store's own pool, which keeps Edge calls off the event loop.
             search_threads: each shard's search pool (None: Qdrant's default, from the CPU count).
+            inline_search_us: searches that have lately cost less run on the event loop (0: none).
         """
-        store = cls(root, ThreadPoolExecutor(threads, thread_name_prefix="qdrant-edge"), search_threads)
+        store = cls(root, ThreadPoolExecutor(threads, thread_name_prefix="qdrant-edge"), search_threads,
+                    inline_search_us)
         await store._run(root.mkdir, 0o700, True, True)
         for meta in sorted(root.glob("*/collection.json")):
             folder = meta.parent
@@ -184,8 +198,26 @@ class EdgeStore:
                           else qe.PayloadSelector.Include([DOC_ID_KEY, *query.payload_fields])),
             score_threshold=query.score_threshold,
         )
-        points = await self._run(collection.shard.search, request)
+        points = await self._search(collection, request, query)
         return [_hit(p.payload or {}, p.score) for p in points]
+
+    async def _search(self, collection: _Collection, request: qe.SearchRequest, query: SearchQuery) -> list:
+        """The shard's search, on the event loop where it costs less than the hand-off (see the module)."""
+        shape = (bool(query.filter), query.hnsw_ef)
+        costs = collection.search_costs
+        # Exact search is an operator's full scan; a write in flight holds the shard, and waiting for it
+        # on the loop would stall every call.
+        inline = (not query.exact and not collection.write_lock.locked()
+                  and costs.under(shape, self._inline_search_s))
+        trace.get_current_span().set_attribute("agw.search.inline", inline)
+        if inline:
+            started = time.perf_counter()
+            points = collection.shard.search(request)
+            costs.record(shape, time.perf_counter() - started)
+            return points
+        points, seconds = await self._run(_timed, collection.shard.search, request)
+        costs.record(shape, seconds)
+        return points
 
     async def sample_points(self, name: str, limit: int) -> list[StoredPoint]:
         collection = self._get(name)
@@ -207,6 +239,13 @@ class EdgeStore:
                 await self._run(collection.shard.close)
         self._collections.clear()
         self._executor.shutdown(wait=True)
+
+
+def _timed(fn, *args):
+    """``(fn(*args), seconds it took)``, measured on the thread that runs it."""
+    started = time.perf_counter()
+    result = fn(*args)
+    return result, time.perf_counter() - started
 
 
 def _hit(payload: dict, score: float) -> Hit:
