@@ -117,7 +117,8 @@ class RetrievalApp:
         async with AsyncExitStack() as stack:
             if settings.qdrant_url:
                 store = ServerStore.connect(settings.qdrant_url, api_key=settings.qdrant_key(),
-                                            timeout_s=settings.qdrant_timeout_s)
+                                            timeout_s=settings.qdrant_timeout_s,
+                                            spec_ttl_s=settings.qdrant_spec_ttl_s)
                 log.info("store: Qdrant server at %s (gRPC preferred)", settings.qdrant_url)
             else:
                 store = await EdgeStore.open(settings.edge_dir, settings.store_threads,

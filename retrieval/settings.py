@@ -30,6 +30,11 @@ class RetrievalSettings(ServiceSettings, PublicApiSettings):
         None, "qdrant_api_key_file", description="File holding the Qdrant API key (a Docker or Kubernetes secret); "
         "instead of AGW_QDRANT_API_KEY.")
     qdrant_timeout_s: float = Field(5.0, gt=0, description="Deadline for each call to the Qdrant server.")
+    qdrant_spec_ttl_s: float = Field(
+        1.0, ge=0, description="How long a collection's spec (dimensions, tuned ef, default payload fields) read "
+        "from the Qdrant server answers searches without asking again: reading it is two round trips before each "
+        "search's own. This process's own changes apply at once; another replica's within this time. 0: read it "
+        "for every search.")
     embed_model: str | None = deployment_field(
         None, "embed_model", description="Local sentence-transformers model folder; default all-MiniLM-L6-v2 (bundled)."
     )

@@ -31,17 +31,19 @@ DIM = 32
 
 
 class RecordingClient:
-    """The real local-mode client, recording the arguments of every query."""
+    """The real local-mode client, recording the arguments of every query and the name of every other call."""
 
-    def __init__(self) -> None:
-        self._client = AsyncQdrantClient(location=":memory:")
+    def __init__(self, client: AsyncQdrantClient | None = None) -> None:
+        self._client = client or AsyncQdrantClient(location=":memory:")
         self.queries: list[dict] = []
+        self.calls: list[str] = []
 
     async def query_points(self, collection_name, **kwargs):
         self.queries.append(kwargs)
         return await self._client.query_points(collection_name, **kwargs)
 
     def __getattr__(self, name):
+        self.calls.append(name)
         return getattr(self._client, name)
 
 
@@ -176,3 +178,66 @@ async def test_each_collection_gets_the_search_pool_it_is_given_created_and_load
         assert _search_pool_threads() - before == 2
     finally:
         await reopened.close()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _server_with_collection(client: RecordingClient, clock: Clock, ttl_s: float = 1.0) -> ServerStore:
+    server = ServerStore(client, timeout_s=5, spec_ttl_s=ttl_s, clock=clock)
+    await server.create_collection(CollectionSpec(name="c", vector_size=DIM, default_payload_fields=("text",)))
+    await server.upsert("c", _points(20))
+    client.calls.clear()
+    return server
+
+
+async def test_server_store_reads_a_spec_once_within_its_ttl():
+    client, clock = RecordingClient(), Clock()
+    server = await _server_with_collection(client, clock)
+    query = SearchQuery(vector=[0.1] * DIM, limit=3, payload_fields=("text",))
+    for _ in range(3):
+        spec = await server.collection_spec("c")
+        await server.search("c", query)
+    assert spec.default_payload_fields == ("text",)
+    assert client.calls == ["collection_exists", "get_collection"]  # two round trips once, not before each search
+    clock.now += 1.5
+    await server.collection_spec("c")
+    assert client.calls[2:] == ["collection_exists", "get_collection"]
+
+
+async def test_server_store_with_no_ttl_reads_the_spec_every_time():
+    client, clock = RecordingClient(), Clock()
+    server = await _server_with_collection(client, clock, ttl_s=0.0)
+    await server.collection_spec("c")
+    await server.collection_spec("c")
+    assert client.calls == ["collection_exists", "get_collection"] * 2
+
+
+async def test_server_store_forgets_a_spec_it_changes():
+    client, clock = RecordingClient(), Clock()
+    server = await _server_with_collection(client, clock)
+    spec = await server.collection_spec("c")
+    await server.update_metadata(CollectionSpec(**{**spec.__dict__, "tuned_ef": 48, "tuned_recall": 0.99}))
+    assert (await server.collection_spec("c")).tuned_ef == 48
+    assert await server.delete_collection("c")
+    with pytest.raises(NotFound):
+        await server.collection_spec("c")
+
+
+async def test_a_search_of_a_collection_another_replica_deleted_is_not_found():
+    shared = AsyncQdrantClient(location=":memory:")
+    clock = Clock()
+    here = await _server_with_collection(RecordingClient(shared), clock)
+    elsewhere = ServerStore(RecordingClient(shared), timeout_s=5, clock=clock)
+    await here.collection_spec("c")
+    assert await elsewhere.delete_collection("c")
+    assert (await here.collection_spec("c")).name == "c"  # within the TTL this replica has not heard
+    with pytest.raises(NotFound, match="'c' does not exist"):
+        await here.search("c", SearchQuery(vector=[0.1] * DIM, limit=3, payload_fields=()))
+    with pytest.raises(NotFound):  # and the spec it kept is gone
+        await here.collection_spec("c")
