@@ -25,8 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness import UNBOUNDED_ADMISSION, command_line, dev_pki, print_table, retrieval_process, scratch_dir, summary
-from harness import write_json
+from harness import command_line, dev_pki, print_table, retrieval_process, scratch_dir, summary, write_json
 
 from agent.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from edge_unary_paths import seed
@@ -112,7 +111,7 @@ def main() -> int:
     args = parser.parse_args()
     root = scratch_dir("search-hops")
     tls = dev_pki(root)
-    processes = {f"inline {us} us": retrieval_process(root, tls, f"retrieval-{us}", **UNBOUNDED_ADMISSION,
+    processes = {f"inline {us} us": retrieval_process(root, tls, f"retrieval-{us}",
                                                       AGW_RETRIEVAL_INLINE_SEARCH_US=str(us))
                  for us in args.inline_us}
     try:

@@ -4,10 +4,9 @@ A Qdrant Edge call handed to the store's thread and back wakes that thread and
 then the event loop. On the 2-core development hosts that hand-off cost 80-100
 µs of the service's CPU and of latency per search at one call at a time
 (``bench/search_hops.py``), more than a search of a small collection takes
-(25-45 µs for 200 points; docs/benchmarks.md, "A search without thread
-hops"). So a search whose recent
-cost is under a budget (``AGW_RETRIEVAL_INLINE_SEARCH_US``) runs on the loop,
-and any other on the thread, as every Edge call did before.
+(25-45 µs for 200 points; docs/benchmarks.md, "A search without thread hops").
+So a search whose recent cost is under a budget (``AGW_RETRIEVAL_INLINE_SEARCH_US``)
+runs on the loop, and any other on the thread, as every Edge call did before.
 
 The cost is kept per collection and per query shape (filtered or not, and the
 ``hnsw_ef``: both change what a search reads) as a decaying maximum of the
@@ -15,9 +14,10 @@ measured times. One slow search (a collection that grew, a filter that falls
 back to a scan) sends the next ones of its shape to the thread at once; they
 come back only when the maximum has decayed under the budget, about 22
 searches after one ten times over it. A shape never measured runs on the
-thread first. Times measured on the thread include its waits for the GIL, so
-under load they read high and searches stay on the thread, where under load
-they cost no more (the hand-offs are amortised then).
+thread first. Times measured on the thread include its waits for the GIL:
+under load they read high, which errs towards the thread, where under load
+the hand-offs are amortised anyway (at c=64 the budget moved nothing beyond
+the bench's noise).
 """
 
 from __future__ import annotations

@@ -66,7 +66,8 @@ def _collection_missing(exc: Exception) -> bool:
         return exc.code() == grpc.StatusCode.NOT_FOUND
     if isinstance(exc, UnexpectedResponse):
         return exc.status_code == 404
-    return isinstance(exc, ValueError) and str(exc).endswith("not found")
+    text = str(exc)
+    return isinstance(exc, ValueError) and text.startswith("Collection ") and text.endswith(" not found")
 
 
 #: Specs kept at most (one per collection searched lately): a bound, not a working size.
