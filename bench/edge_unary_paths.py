@@ -101,7 +101,8 @@ async def seed(tls: Path, port: int) -> None:
             for i in range(200)]), timeout=60)
 
 
-def _process_cpu_s(pid: int) -> float:
+def process_cpu_s(pid: int) -> float:
+    """Every thread's on-CPU time of process ``pid`` (schedstat, ns resolution), in seconds."""
     return sum(thread_cpu_s(pid).values())
 
 
@@ -150,12 +151,12 @@ async def measure(tls: Path, ports: dict[str, int], rounds: int, calls: int,
     for index in range(rounds):
         for name, call in paths.items():
             latencies = []
-            used = _process_cpu_s(backend_pid)
+            used = process_cpu_s(backend_pid)
             for _ in range(calls):
                 started = time.perf_counter()
                 await call()
                 latencies.append((time.perf_counter() - started) * 1000)
-            cpu_s[name] += _process_cpu_s(backend_pid) - used
+            cpu_s[name] += process_cpu_s(backend_pid) - used
             p50s[name].append(statistics.median(latencies))
         print(f"round {index + 1}: " + ", ".join(f"{name} {values[-1]:.3f}" for name, values in p50s.items()),
               flush=True)

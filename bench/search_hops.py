@@ -28,15 +28,10 @@ from pathlib import Path
 from harness import command_line, dev_pki, print_table, retrieval_process, scratch_dir, summary, write_json
 
 from agent.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
-from edge_unary_paths import seed
+from edge_unary_paths import process_cpu_s, seed
 from gateway_overhead import COLLECTION, DIM
 from servicekit import ChannelSpec, ClientTls, open_channel, wait_ready
-from servicekit.procfs import thread_cpu_s
 from servicekit.tenancy import physical_collection
-
-
-def _cpu_s(pid: int) -> float:
-    return sum(thread_cpu_s(pid).values())
 
 
 async def _level(stub, request, concurrency: int, calls: int) -> tuple[list[float], float]:
@@ -78,9 +73,9 @@ async def measure(tls: Path, services: dict[str, tuple[int, int]], levels: list[
             order = list(services) if index % 2 == 0 else list(reversed(services))
             for name in order:
                 pid = services[name][1]
-                used = _cpu_s(pid)
+                used = process_cpu_s(pid)
                 values, seconds = await _level(stubs[name], request, concurrency, calls)
-                cpu[name] += _cpu_s(pid) - used
+                cpu[name] += process_cpu_s(pid) - used
                 wall[name] += seconds
                 latencies[name] += values
                 round_p50[name].append(statistics.median(values))
