@@ -156,7 +156,10 @@ class Engine:
 
     async def _encode(self, prompt: PromptInput, prefix: EncodedPrefix | None = None) -> tuple[list[int], int]:
         self._check_alive()
-        token_ids, reused = await self._off_loop(self._encoder.encode, prompt, prefix)
+        if prompt.token_ids is not None:  # nothing to tokenize: a list copy costs less than a thread's round trip
+            token_ids, reused = self._encoder.encode(prompt, prefix)
+        else:
+            token_ids, reused = await self._off_loop(self._encoder.encode, prompt, prefix)
         check_token_ids(token_ids, self.limits)
         return token_ids, reused
 

@@ -66,6 +66,15 @@ def test_unknown_token_id_names_its_position():
         check_token_ids([1, 2, 50], LIMITS)
 
 
+def test_the_first_unknown_token_id_is_named_and_valid_ids_pass():
+    with pytest.raises(InvalidArgument, match=r"token_ids\[1\]: id 70 "):
+        check_token_ids((3, 70, 4, 90), LIMITS)
+    check_token_ids((), LIMITS)
+    check_token_ids((0, LIMITS.vocab_size - 1), LIMITS)
+    with pytest.raises(InvalidArgument, match=r"token_ids\[0\]"):
+        check_token_ids([LIMITS.vocab_size], LIMITS)
+
+
 def test_context_overflow_says_limit_and_length():
     with pytest.raises(InvalidArgument, match="prompt is 90 tokens but the context is 100 tokens and max_tokens=20"):
         check_fits_context(90, Sampling(max_tokens=20), LIMITS)
