@@ -131,6 +131,19 @@ async def test_retrieve_through_the_edge_is_the_gateways_answer_byte_for_byte(ed
     assert len(retrieval_pb2.SearchResponse.FromString(direct).results) == 3
 
 
+async def test_the_edges_answers_carry_nothing_of_envoys_own(edge, gateway, docs, pki):
+    """No ``server: envoy`` and no ``x-envoy-upstream-service-time`` (a backend's own time): a client sees the
+    headers the gateway's own port sends, and HTTP/2's ``date``."""
+    seen = {}
+    for name, port in (("edge", edge), ("gateway", gateway.port)):
+        async with mtls_channel(port, pki.root, identity="tenant/dev") as channel:
+            call = raw_multicallable(channel, RETRIEVE)(_retrieve(), timeout=30)
+            await call
+            seen[name] = {key for key, _ in (*(await call.initial_metadata()), *(await call.trailing_metadata()))}
+    assert not {key for key in seen["edge"] if key.startswith("x-envoy") or key == "server"}, seen["edge"]
+    assert seen["edge"] - {"date"} == seen["gateway"], seen
+
+
 async def test_the_edge_scopes_to_the_verified_tenant_whatever_header_the_client_sends(edge, docs, pki):
     # Tenant "other" claims to be dev with a well-formed header: the edge replaces it with other's own.
     forged = _xfcc(pki, "tenant/dev")
