@@ -10,6 +10,9 @@ median p50 and its paired difference from the plain Envoy:
 
 - ``direct``: ``Retrieval.Search`` on the service, no hop;
 - ``envoy``: the same through a plain Envoy (no filter, no header);
+- ``envoy-lean``: the same plain Envoy with the two settings the edge takes
+  from it (no ``x-request-id`` generated, no ``x-envoy-*`` headers): what the
+  edge costs over an Envoy as lean as itself;
 - ``edge``: ``AgentGateway.Retrieve`` through the edge as `agentgw
   edge-config` writes it (the tenant's certificate forwarded, the request
   held by the buffer filter, the trace headers dropped);
@@ -69,6 +72,16 @@ def start_envoy(workdir: Path, bootstrap: dict) -> subprocess.Popen:
                             stderr=subprocess.STDOUT)
 
 
+def lean(bootstrap: dict) -> dict:
+    """A bootstrap whose connection managers generate no request id and whose routers add no x-envoy-* headers."""
+    bootstrap = copy.deepcopy(bootstrap)
+    for listener in bootstrap["static_resources"]["listeners"]:
+        manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
+        manager["generate_request_id"] = False
+        manager["http_filters"][-1]["typed_config"]["suppress_envoy_headers"] = True
+    return bootstrap
+
+
 def edge_variant(tls: Path, workdir: Path, port: int, retrieval_port: int, *, buffer: bool = True,
                  strip: bool = True) -> subprocess.Popen:
     """The edge's bootstrap, less its buffer filter or its header removal."""
@@ -125,18 +138,21 @@ async def measure(tls: Path, ports: dict[str, int], rounds: int, calls: int,
     uri_only = ((XFCC_HEADER, f"By=spiffe://agentgw.local/service/edge;Hash={'0' * 64};"
                               "URI=spiffe://agentgw.local/tenant/dev"),)
     channels = {"direct": channel(ports["retrieval"], "operator/admin"), "envoy": channel(ports["envoy"], "operator/admin"),
+                "envoy-lean": channel(ports["envoy-lean"], "operator/admin"),
                 **{name: channel(ports[name], "tenant/dev") for name in ("edge", "edge-nobuffer", "edge-nostrip")},
                 "public-direct": channel(ports["retrieval"], "service/edge")}
     for name, ch in channels.items():
         await wait_ready(ch, timeout_s=30, target=name)
     # Every path's stub is built once: a stub builds a callable per method of its service, tens of µs a call
     # if built per call (until 2026-12-06 the direct, Envoy and public-direct paths did, and the edge's did not).
-    searches = {name: retrieval_pb2_grpc.RetrievalStub(channels[name]).Search for name in ("direct", "envoy")}
+    searches = {name: retrieval_pb2_grpc.RetrievalStub(channels[name]).Search
+                for name in ("direct", "envoy", "envoy-lean")}
     retrieves = {name: gateway_pb2_grpc.AgentGatewayStub(channels[name]).Retrieve
                  for name in ("edge", "edge-nobuffer", "edge-nostrip", "public-direct")}
     paths = {
         "direct": lambda: searches["direct"](search, timeout=10),
         "envoy": lambda: searches["envoy"](search, timeout=10),
+        "envoy-lean": lambda: searches["envoy-lean"](search, timeout=10),
         **{name: (lambda call: lambda: call(retrieve, timeout=10))(retrieves[name])
            for name in ("edge", "edge-nobuffer", "edge-nostrip")},
         "public-direct": lambda: retrieves["public-direct"](retrieve, timeout=10, metadata=forwarded),
@@ -177,8 +193,9 @@ def main() -> int:
     proxies = []
     try:
         ports = {"retrieval": retrieval.wait_serving(), **{name: free_port() for name in (
-            "envoy", "edge", "edge-nobuffer", "edge-nostrip")}}
+            "envoy", "envoy-lean", "edge", "edge-nobuffer", "edge-nostrip")}}
         proxies = [start_envoy(root / "envoy", envoy_config(tls, ports["envoy"], ports["retrieval"], 9)),
+                   start_envoy(root / "envoy-lean", lean(envoy_config(tls, ports["envoy-lean"], ports["retrieval"], 9))),
                    edge_variant(tls, root / "edge", ports["edge"], ports["retrieval"]),
                    edge_variant(tls, root / "edge-nobuffer", ports["edge-nobuffer"], ports["retrieval"], buffer=False),
                    edge_variant(tls, root / "edge-nostrip", ports["edge-nostrip"], ports["retrieval"], strip=False)]
