@@ -5,7 +5,8 @@
 0.05 ms above a plain Envoy at one call at a time (docs/benchmarks.md, "The
 edge"). This bench splits that: one retrieval service (behind the edge it
 serves the public ``Retrieve``), called at c=1 on each path below, in rounds
-that alternate the paths (the same noise for all), reporting each path's
+that alternate the paths in an order rotating from round to round (the
+same noise for all), reporting each path's
 median p50 and its paired difference from the plain Envoy:
 
 - ``direct``: ``Retrieval.Search`` on the service, no hop;
@@ -164,8 +165,12 @@ async def measure(tls: Path, ports: dict[str, int], rounds: int, calls: int,
     for call in paths.values():  # warm every path
         for _ in range(100):
             await call()
+    names = list(paths)
     for index in range(rounds):
-        for name, call in paths.items():
+        # The paths' order rotates from round to round (as in gateway_overhead.py): no path always follows the
+        # same one, whose wake-ups and cache state it would inherit.
+        for name in names[index % len(names):] + names[:index % len(names)]:
+            call = paths[name]
             latencies = []
             used = process_cpu_s(backend_pid)
             for _ in range(calls):
