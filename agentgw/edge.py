@@ -295,7 +295,7 @@ def _connection_manager(max_request_bytes: int, inference_routing: str) -> dict:
         "request_headers_timeout": f"{HANDSHAKE_TIMEOUT_S}s",
         "max_request_headers_kb": 16,
         # Nothing of Envoy's own on the wire: no UUID generated per call for an x-request-id that no part of the
-        # deployment reads (a backend parsed 36 unindexable bytes a call for it), and no `server: envoy`.
+        # deployment reads (a fresh value every call, which each backend parsed), and no `server: envoy`.
         "generate_request_id": False,
         "server_header_transformation": "PASS_THROUGH",
         "route_config": {"virtual_hosts": [{"name": "public", "domains": ["*"], "routes": _routes(inference_routing)}]},

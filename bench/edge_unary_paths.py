@@ -200,7 +200,8 @@ def main() -> int:
         ports = {"retrieval": retrieval.wait_serving(), **{name: free_port() for name in (
             "envoy", "envoy-lean", "edge", "edge-nobuffer", "edge-nostrip")}}
         proxies = [start_envoy(root / "envoy", envoy_config(tls, ports["envoy"], ports["retrieval"], 9)),
-                   start_envoy(root / "envoy-lean", lean(envoy_config(tls, ports["envoy-lean"], ports["retrieval"], 9))),
+                   start_envoy(root / "envoy-lean",
+                               lean(envoy_config(tls, ports["envoy-lean"], ports["retrieval"], 9))),
                    edge_variant(tls, root / "edge", ports["edge"], ports["retrieval"]),
                    edge_variant(tls, root / "edge-nobuffer", ports["edge-nobuffer"], ports["retrieval"], buffer=False),
                    edge_variant(tls, root / "edge-nostrip", ports["edge-nostrip"], ports["retrieval"], strip=False)]

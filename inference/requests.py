@@ -275,7 +275,8 @@ def check_token_ids(token_ids: tuple[int, ...] | list[int], limits: Limits) -> N
     if not token_ids or max(token_ids) < limits.vocab_size:
         return
     index, token = next((i, t) for i, t in enumerate(token_ids) if t >= limits.vocab_size)
-    raise InvalidArgument(f"token_ids[{index}]", f"id {token} is not in the vocabulary (ids are below {limits.vocab_size})")
+    raise InvalidArgument(f"token_ids[{index}]",
+                          f"id {token} is not in the vocabulary (ids are below {limits.vocab_size})")
 
 
 def check_fits_context(prompt_tokens: int, sampling: Sampling, limits: Limits) -> None:
