@@ -154,12 +154,11 @@ class ServerStore:
         self._specs.pop(spec.name, None)  # after: a search reading meanwhile could keep the old one
 
     async def delete_collection(self, name: str) -> bool:
-        self._specs.pop(name, None)
-        if not await self._call(self._client.collection_exists(name)):
-            return False
-        await self._call(self._client.delete_collection(name, timeout=self._timeout))
-        self._specs.pop(name, None)
-        return True
+        existed = await self._call(self._client.collection_exists(name))
+        if existed:
+            await self._call(self._client.delete_collection(name, timeout=self._timeout))
+        self._specs.pop(name, None)  # after: a search reading meanwhile could keep it
+        return existed
 
     async def upsert(self, name: str, points: Sequence[StoredPoint]) -> None:
         await self._call(self._client.upsert(

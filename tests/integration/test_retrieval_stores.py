@@ -225,8 +225,21 @@ async def test_server_store_forgets_a_spec_it_changes():
     await server.update_metadata(CollectionSpec(**{**spec.__dict__, "tuned_ef": 48, "tuned_recall": 0.99}))
     assert (await server.collection_spec("c")).tuned_ef == 48
     assert await server.delete_collection("c")
+    assert not await server.delete_collection("c")  # deleting it again: it did not exist
     with pytest.raises(NotFound):
         await server.collection_spec("c")
+
+
+async def test_deleting_a_collection_another_replica_deleted_forgets_its_spec():
+    shared = AsyncQdrantClient(location=":memory:")
+    clock = Clock()
+    here = await _server_with_collection(RecordingClient(shared), clock)
+    elsewhere = ServerStore(RecordingClient(shared), timeout_s=5, clock=clock)
+    await here.collection_spec("c")
+    assert await elsewhere.delete_collection("c")
+    assert not await here.delete_collection("c")
+    with pytest.raises(NotFound):  # within the TTL, yet not from the spec it had kept
+        await here.collection_spec("c")
 
 
 async def test_a_search_of_a_collection_another_replica_deleted_is_not_found():
