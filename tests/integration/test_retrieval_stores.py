@@ -230,25 +230,26 @@ async def test_server_store_forgets_a_spec_it_changes():
         await server.collection_spec("c")
 
 
-async def test_deleting_a_collection_another_replica_deleted_forgets_its_spec():
+async def _deleted_elsewhere_after_its_spec_was_kept() -> ServerStore:
+    """A replica that read collection "c"'s spec, once another replica (the same server) deleted "c"."""
     shared = AsyncQdrantClient(location=":memory:")
     clock = Clock()
     here = await _server_with_collection(RecordingClient(shared), clock)
     elsewhere = ServerStore(RecordingClient(shared), timeout_s=5, clock=clock)
     await here.collection_spec("c")
     assert await elsewhere.delete_collection("c")
+    return here
+
+
+async def test_deleting_a_collection_another_replica_deleted_forgets_its_spec():
+    here = await _deleted_elsewhere_after_its_spec_was_kept()
     assert not await here.delete_collection("c")
     with pytest.raises(NotFound):  # within the TTL, yet not from the spec it had kept
         await here.collection_spec("c")
 
 
 async def test_a_search_of_a_collection_another_replica_deleted_is_not_found():
-    shared = AsyncQdrantClient(location=":memory:")
-    clock = Clock()
-    here = await _server_with_collection(RecordingClient(shared), clock)
-    elsewhere = ServerStore(RecordingClient(shared), timeout_s=5, clock=clock)
-    await here.collection_spec("c")
-    assert await elsewhere.delete_collection("c")
+    here = await _deleted_elsewhere_after_its_spec_was_kept()
     assert (await here.collection_spec("c")).name == "c"  # within the TTL this replica has not heard
     with pytest.raises(NotFound, match="'c' does not exist"):
         await here.search("c", SearchQuery(vector=[0.1] * DIM, limit=3, payload_fields=()))
