@@ -29,7 +29,7 @@ import uvloop
 from google.protobuf.descriptor import ServiceDescriptor
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from servicekit.authz import Authorizer, Denylist, Policy
 from servicekit.gc_pauses import GcPauses
@@ -254,7 +254,10 @@ async def _health_and_reflection(server: GenericHandlersOnly, app: ServiceApp) -
     health = Health(health_servicer, service_names)
     await health.set_serving(False)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection([*service_names, HEALTH_SERVICE, reflection.SERVICE_NAME], server)
+    # The asyncio servicer, named: enable_server_reflection picks the sync one for anything that is not a
+    # grpc.aio.Server, as GenericHandlersOnly is not, and its generator cannot be served by grpc.aio.
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
+        reflection.aio.ReflectionServicer([*service_names, HEALTH_SERVICE, reflection.SERVICE_NAME]), server)
     return health
 
 

@@ -14,6 +14,7 @@ import asyncio
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from agent.gateway.v1 import gateway_pb2 as pb
 from agent.inference.v1 import inference_pb2
@@ -97,6 +98,25 @@ async def test_the_gateway_and_operators_are_served_by_the_backends(retrieval, i
         [response] = await call_method(channel, INFERENCE_SERVICE.methods_by_name["Tokenize"],
                                        inference_pb2.TokenizeRequest(text="ok"))
         assert list(response.token_ids) == [ord("o"), ord("k")]
+
+
+async def test_reflection_answers_the_callers_each_policy_allows(retrieval, inference, gateway, pki):
+    # What grpcurl asks before a call (README): the services, then the file that defines one. A tenant on the
+    # gateway (the README's grpcurl), an operator on the backends. Until 2026-12-07 every service answered
+    # UNKNOWN: reflection's synchronous servicer had been registered on the asyncio server.
+    for running, identity, service in ((gateway, "tenant/dev", GATEWAY_SERVICE.full_name),
+                                       (retrieval, "operator/admin", RETRIEVAL_SERVICE.full_name),
+                                       (inference, "operator/admin", INFERENCE_SERVICE.full_name)):
+        async with mtls_channel(running.port, pki.root, identity=identity) as channel:
+            stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+            call = stub.ServerReflectionInfo(timeout=10)
+            await call.write(reflection_pb2.ServerReflectionRequest(list_services=""))
+            listed = await call.read()
+            await call.write(reflection_pb2.ServerReflectionRequest(file_containing_symbol=service))
+            described = await call.read()
+            await call.done_writing()
+            assert service in [s.name for s in listed.list_services_response.service], identity
+            assert described.file_descriptor_response.file_descriptor_proto, described
 
 
 @pytest.mark.parametrize("identity", ["tenant/dev", "service/gateway", "operator/admin"])
