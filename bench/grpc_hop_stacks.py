@@ -12,7 +12,7 @@ which one is worth it before any gateway code moves:
 - ``aio``: a grpc.aio server whose handler awaits a grpc.aio client call (the gateway's stack);
 - ``aio_uvloop``: the same on uvloop's event loop, as the gateway runs it;
 - ``aio_interceptor``: the same with one server interceptor that does nothing but wrap the handler per call, the
-  shape of servicekit's EdgeInterceptor (what the interceptor machinery itself costs);
+  shape of servicekit's edge until 2026-12-07 (what the interceptor machinery itself costs; bench/edge_wrapping.py);
 - ``aio_config``: ``aio`` with the gateway's server options and its backend channel's (servicekit: keepalive,
   limits, service config with retries, reconnect backoff);
 - ``aio_metadata``: ``aio`` that also sends what the gateway adds to each call on the wire: a trace id
@@ -136,7 +136,7 @@ def _aio_forwarding_with_metadata(upstream):
 
 
 class _PerCallWrap(grpc.aio.ServerInterceptor):
-    """Does nothing but what servicekit's EdgeInterceptor's shape costs: awaited per call, it wraps the handler."""
+    """Does nothing but what servicekit's edge interceptor's shape cost: awaited per call, it wraps the handler."""
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)

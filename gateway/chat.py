@@ -179,7 +179,7 @@ class ChatTurns:
 
     async def run(self, tenant: str, request: TurnRequest, context, admitted_at: float, clock: Clock):
         session_id = request.session_id
-        trace_id = trace_id_hex()  # the call's server span, opened by the edge interceptor
+        trace_id = trace_id_hex()  # the call's server span, opened by the edge's wrapper
         timings = StageTimes(admission_ms=(admitted_at - clock.started) * 1000)
 
         claim = None

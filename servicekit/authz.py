@@ -2,8 +2,8 @@
 
 mTLS proves a certificate chains to our CA; this module decides whether *that*
 identity may call *that* method. :class:`Authorizer` runs once, at the start of
-every call, in the edge interceptor (``servicekit.interceptors``), before the
-handler sees the request: a handler that forwards bytes without parsing
+every call, in the edge's wrapper of each method (``servicekit.interceptors``),
+before the handler sees the request: a handler that forwards bytes without parsing
 messages is authorized exactly like one that parses them.
 
 - The identity is the certificate's SPIFFE ID (``peer_spiffe_id`` in gRPC's
@@ -176,7 +176,7 @@ class Authorizer:
                 client certificate they forward (``servicekit.forwarded``).
             edge_only: methods (full paths) that only an edge's forwarded calls reach.
 
-        Health is never authorized here: the edge interceptor passes it to any
+        Health is never authorized here: the edge's wrapper passes it to any
         verified certificate before asking.
         """
         self.service = service

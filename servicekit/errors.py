@@ -1,7 +1,7 @@
 """Domain errors that know their gRPC status, and the one place that converts them.
 
 Service code raises :class:`ServiceError` subclasses and stays free of
-``grpc``; :class:`~servicekit.interceptors.ErrorInterceptor` turns them into
+``grpc``; :class:`~servicekit.interceptors.EdgeHandlers` turns them into
 ``context.abort`` with a ``google.rpc.Status`` (and its details) attached, and
 :func:`from_rpc_error` turns a backend's status back into the same classes on
 the client side.

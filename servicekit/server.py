@@ -33,7 +33,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from servicekit.authz import Authorizer, Denylist, Policy
 from servicekit.gc_pauses import GcPauses
-from servicekit.interceptors import HEALTH_SERVICE, EdgeInterceptor, Readiness
+from servicekit.interceptors import HEALTH_SERVICE, EdgeHandlers, Readiness
 from servicekit.keepalive import GrpcOptions
 from servicekit.metrics import configure_metrics, counter, gauge, meter
 from servicekit.procfs import runqueue_wait_s
@@ -177,7 +177,8 @@ async def running_service(
         credentials: server credentials; default mTLS from the service's own
             identity folder, reloaded when renewed (``AGW_TLS_RELOAD_S``).
         insecure: listen in plaintext (development only; the caller warns).
-        interceptors: run before the edge interceptor (for example tracing).
+        interceptors: grpc.aio interceptors, run before the edge's wrapper of each method (tests use them to
+            record what a service received).
         freeze_heap: once warmed up, collect and then freeze what start-up
             built (``gc.freeze``), so that the collector's full passes walk
             only what calls made; a process's entry point asks for it, a test
@@ -189,13 +190,10 @@ async def running_service(
         credentials = _server_credentials(settings)
     readiness = Readiness(app.name)
     authorizer = authorizer_for(app, settings, insecure=insecure)
-    server = grpc.aio.server(
-        interceptors=[*interceptors, EdgeInterceptor(readiness, authorizer,
-                                                     client_trace=getattr(app, "client_trace", None))],
-        options=server_options(settings),
-    )
-    health = await _health_and_reflection(GenericHandlersOnly(server), app)
-    app.register(GenericHandlersOnly(server))
+    server = grpc.aio.server(interceptors=list(interceptors) or None, options=server_options(settings))
+    edge = EdgeHandlers(readiness, authorizer, client_trace=getattr(app, "client_trace", None))
+    health = await _health_and_reflection(GenericHandlersOnly(server, edge), app)
+    app.register(GenericHandlersOnly(server, edge))
     if insecure:
         port = server.add_insecure_port(settings.listen_address)
     else:
@@ -225,7 +223,8 @@ async def running_service(
 
 
 class GenericHandlersOnly:
-    """A grpc.aio server as registration code sees it: handlers go in as generic handlers only.
+    """A grpc.aio server as registration code sees it: handlers go in as generic handlers only, each method's
+    wrapped by the edge (:class:`~servicekit.interceptors.EdgeHandlers`) the first time it is called.
 
     The generated ``add_*Servicer_to_server`` also registers every method with
     the server as a "registered method". grpc.aio then keeps one pending
@@ -237,11 +236,12 @@ class GenericHandlersOnly:
     are looked up in Python by method name, one dict lookup per service.
     """
 
-    def __init__(self, server: grpc.aio.Server) -> None:
+    def __init__(self, server: grpc.aio.Server, edge: EdgeHandlers) -> None:
         self._server = server
+        self._edge = edge
 
     def add_generic_rpc_handlers(self, handlers) -> None:
-        self._server.add_generic_rpc_handlers(handlers)
+        self._server.add_generic_rpc_handlers(tuple(self._edge.generic(handler) for handler in handlers))
 
     def add_registered_method_handlers(self, service_name: str, method_handlers: dict) -> None:
         """Ignored: the same handlers came in through :meth:`add_generic_rpc_handlers` (see the class)."""

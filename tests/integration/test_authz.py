@@ -2,7 +2,7 @@
 
 The backends here are the real retrieval service (Qdrant Edge, MiniLM) and the
 scripted inference service, both on the real bootstrap: authorization lives in
-the shared edge interceptor, so every method of each contract is refused to a
+the shared edge wrapper of every method, so every method of each contract is refused to a
 tenant before the handler could run. tests/e2e/test_authz_inference.py does
 the same against the real inference service.
 """

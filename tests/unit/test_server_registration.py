@@ -1,5 +1,5 @@
 """servicekit.server.GenericHandlersOnly: generated registration code registers generic handlers only,
-and the methods are still served (on a real grpc.aio server on loopback)."""
+and the methods are still served (on a real grpc.aio server on loopback), each wrapped by the edge once."""
 
 from __future__ import annotations
 
@@ -7,9 +7,22 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from servicekit.authz import Authorizer, Policy
+from servicekit.errors import InvalidArgument
+from servicekit.identity import Identity
+from servicekit.interceptors import EdgeHandlers, Readiness
 from servicekit.server import GenericHandlersOnly
 
 pytestmark = pytest.mark.unit
+
+
+def _plaintext_edge() -> EdgeHandlers:
+    """The edge as an insecure (development) server has it: every plaintext caller is the gateway."""
+    readiness = Readiness("test")
+    readiness.ready = True
+    authorizer = Authorizer("test", Policy(["service/gateway"]), trust_domain="agentgw.local",
+                            plaintext_identity=Identity.service("gateway"))
+    return EdgeHandlers(readiness, authorizer)
 
 
 class _CountingServer:
@@ -35,7 +48,7 @@ async def test_generated_registration_goes_through_generic_handlers_only_and_sti
     servicer = health.aio.HealthServicer()
     # The generated function registers both ways; behind GenericHandlersOnly only the generic form arrives
     # (one pending accept task for the server, not one per method).
-    health_pb2_grpc.add_HealthServicer_to_server(servicer, GenericHandlersOnly(counting))
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, GenericHandlersOnly(counting, _plaintext_edge()))
     assert (counting.generic, counting.registered) == (1, 0)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
@@ -48,5 +61,55 @@ async def test_generated_registration_goes_through_generic_handlers_only_and_sti
             with pytest.raises(grpc.aio.AioRpcError) as unknown:
                 await channel.unary_unary("/agent.test.v1.Thing/Nothing")(b"", timeout=5)
             assert unknown.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        await server.stop(None)
+
+
+class _CountingLookups(grpc.GenericRpcHandler):
+    """A service with one method, ``/agent.test.v1.Thing/Check``, that counts the server's lookups of it."""
+
+    def __init__(self) -> None:
+        self.lookups = 0
+
+    def service(self, handler_call_details):
+        self.lookups += 1
+        if handler_call_details.method != "/agent.test.v1.Thing/Check":
+            return None
+        return grpc.unary_unary_rpc_method_handler(
+            self.check, request_deserializer=health_pb2.HealthCheckRequest.FromString,
+            response_serializer=health_pb2.HealthCheckResponse.SerializeToString)
+
+    async def check(self, request, context):
+        if request.service == "refuse":
+            raise InvalidArgument("service", "'refuse' is refused")
+        return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
+
+
+async def test_the_edge_wraps_each_method_once_and_every_call_still_runs_through_it():
+    server = grpc.aio.server()
+    service = _CountingLookups()
+    GenericHandlersOnly(server, _plaintext_edge()).add_generic_rpc_handlers((service,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            check = channel.unary_unary("/agent.test.v1.Thing/Check",
+                                        request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+                                        response_deserializer=health_pb2.HealthCheckResponse.FromString)
+            for _ in range(3):
+                assert (await check(health_pb2.HealthCheckRequest(), timeout=5)).status == \
+                    health_pb2.HealthCheckResponse.SERVING
+            assert service.lookups == 1  # wrapped at the first call, kept for the others
+            # The wrapper kept is the edge's: a domain error still becomes its status, naming the field.
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await check(health_pb2.HealthCheckRequest(service="refuse"), timeout=5)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "service" in refused.value.details()
+            # A method the service lacks is looked up on every call and never remembered.
+            for _ in range(2):
+                with pytest.raises(grpc.aio.AioRpcError) as unknown:
+                    await channel.unary_unary("/agent.test.v1.Thing/Nothing")(b"", timeout=5)
+                assert unknown.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            assert service.lookups == 3
     finally:
         await server.stop(None)

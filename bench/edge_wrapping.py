@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""What wrapping a method's handler costs per call: a grpc.aio interceptor against a wrapper built once.
+
+servicekit's edge (authorization, the server span, the error mapping) wraps
+every method's handler. Until 2026-12-07 a grpc.aio server interceptor did,
+awaited on every call, building the wrapped handler anew each time; now
+``servicekit.interceptors.EdgeHandlers`` builds it once per method. This bench
+measures what the two shapes cost with nothing else in them: four echo
+servers, each its own process, all mTLS as ours are:
+
+- ``none``: the handler as registered, no wrapper;
+- ``interceptor``: a server interceptor that only awaits the lookup (gRPC's machinery);
+- ``per-call``: a server interceptor that wraps the handler on every call, as servicekit's did
+  (``_replace`` of the deserialiser and the behaviour, and their closures);
+- ``once``: the same wrapper, built at the first call of the method and kept (servicekit's now).
+
+Each is called at c=1 in rounds whose order rotates, so drift falls on all
+alike. Reported: the median of the rounds' p50s, and each server's CPU per
+call (all its threads, ``/proc/<pid>/task/*/schedstat``), each with its
+paired difference from ``none``.
+
+    python bench/edge_wrapping.py [--rounds 8] [--calls 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from harness import command_line, dev_pki, scratch_dir
+
+from servicekit.procfs import thread_cpu_s
+from servicekit.tls import ClientTls
+from tests.support.servers import free_port
+
+SHAPES = ("none", "interceptor", "per-call", "once")
+
+
+def _wrap(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """What servicekit's edge does to a unary handler, less its per-call work: a tolerant deserialiser and a
+    behaviour that awaits the original."""
+    deserializer, behavior = handler.request_deserializer, handler.unary_unary
+
+    def decode(data: bytes):
+        return deserializer(data)
+
+    async def wrapped(request, context):
+        return await behavior(request, context)
+
+    return handler._replace(request_deserializer=decode)._replace(unary_unary=wrapped)
+
+
+class _Lookup(grpc.aio.ServerInterceptor):
+    async def intercept_service(self, continuation, details):
+        return await continuation(details)
+
+
+class _PerCall(grpc.aio.ServerInterceptor):
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        return None if handler is None else _wrap(handler)
+
+
+class _Once(grpc.GenericRpcHandler):
+    def __init__(self, inner: grpc.GenericRpcHandler) -> None:
+        self._inner, self._wrapped = inner, {}
+
+    def service(self, details):
+        handler = self._wrapped.get(details.method)
+        if handler is None:
+            handler = self._inner.service(details)
+            if handler is not None:
+                handler = self._wrapped[details.method] = _wrap(handler)
+        return handler
+
+
+async def _check(request, context):
+    return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
+
+
+async def _serve(shape: str, port: int, tls: Path) -> None:
+    interceptors = {"interceptor": [_Lookup()], "per-call": [_PerCall()]}.get(shape)
+    server = grpc.aio.server(interceptors=interceptors)
+    check = grpc.unary_unary_rpc_method_handler(_check, request_deserializer=health_pb2.HealthCheckRequest.FromString,
+                                                response_serializer=health_pb2.HealthCheckResponse.SerializeToString)
+    handler = grpc.method_handlers_generic_handler("grpc.health.v1.Health", {"Check": check})
+    server.add_generic_rpc_handlers([_Once(handler) if shape == "once" else handler])
+    folder = tls / "service" / "retrieval"
+    credentials = grpc.ssl_server_credentials([((folder / "key.pem").read_bytes(), (folder / "cert.pem").read_bytes())],
+                                              root_certificates=(tls / "ca.pem").read_bytes(), require_client_auth=True)
+    server.add_secure_port(f"127.0.0.1:{port}", credentials)
+    await server.start()
+    await server.wait_for_termination()
+
+
+def _cpu_s(pid: int) -> float:
+    return sum(thread_cpu_s(pid).values())
+
+
+async def _measure(tls: Path, ports: dict[str, int], pids: dict[str, int], rounds: int,
+                   calls: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    credentials = ClientTls.for_identity(tls, "service/gateway").credentials()
+    channels = {shape: grpc.aio.secure_channel(f"127.0.0.1:{port}", credentials) for shape, port in ports.items()}
+    stubs = {shape: health_pb2_grpc.HealthStub(channel).Check for shape, channel in channels.items()}
+    request = health_pb2.HealthCheckRequest()
+    for shape, channel in channels.items():
+        await asyncio.wait_for(channel.channel_ready(), 30)
+        for _ in range(300):  # connections up, code paths warm, the once-wrapper built
+            await stubs[shape](request, timeout=10)
+    p50s: dict[str, list[float]] = {shape: [] for shape in ports}
+    cpu_us: dict[str, list[float]] = {shape: [] for shape in ports}
+    for index in range(rounds):
+        for shape in SHAPES[index % len(SHAPES):] + SHAPES[:index % len(SHAPES)]:
+            latencies, used = [], _cpu_s(pids[shape])
+            for _ in range(calls):
+                started = time.perf_counter()
+                await stubs[shape](request, timeout=10)
+                latencies.append((time.perf_counter() - started) * 1e6)
+            cpu_us[shape].append((_cpu_s(pids[shape]) - used) / calls * 1e6)
+            p50s[shape].append(statistics.median(latencies))
+    for channel in channels.values():
+        await channel.close()
+    return p50s, cpu_us
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=8, help="rounds; each calls every server in turn")
+    parser.add_argument("--calls", type=int, default=2000, help="calls per server and round, one at a time")
+    parser.add_argument("--serve", choices=SHAPES, help=argparse.SUPPRESS)  # a server process of this bench
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--tls", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        import uvloop
+
+        uvloop.run(_serve(args.serve, args.port, args.tls))
+        return 0
+    tls = dev_pki(scratch_dir("edge-wrapping"))
+    ports = {shape: free_port() for shape in SHAPES}
+    servers = {shape: subprocess.Popen([sys.executable, __file__, "--serve", shape, "--port", str(port),
+                                        "--tls", str(tls)]) for shape, port in ports.items()}
+    try:
+        p50s, cpu_us = asyncio.run(_measure(tls, ports, {s: p.pid for s, p in servers.items()}, args.rounds,
+                                            args.calls))
+    finally:
+        for server in servers.values():
+            server.terminate()
+            server.wait()
+    print(f"\nc=1, {args.calls} calls per server and round, {args.rounds} rounds; medians of the rounds")
+    print(f"{'shape':12} {'p50 us':>8} {'vs none':>8} {'cpu us/call':>12} {'vs none':>8}")
+    for shape in SHAPES:
+        paired_p50 = statistics.median(a - b for a, b in zip(p50s[shape], p50s["none"]))
+        paired_cpu = statistics.median(a - b for a, b in zip(cpu_us[shape], cpu_us["none"]))
+        print(f"{shape:12} {statistics.median(p50s[shape]):8.1f} {paired_p50:+8.1f} "
+              f"{statistics.median(cpu_us[shape]):12.1f} {paired_cpu:+8.1f}")
+    print(f"command: {command_line()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
