@@ -284,6 +284,7 @@ def _spec(settings: GatewaySettings, target: str, service, tls: ClientTls | None
     return ChannelSpec(
         target=target, tls=tls, services=[service], keepalive=settings.keepalive,
         max_message_bytes=settings.max_message_bytes, user_agent="agent-gateway/gateway",
+        stream_window_bytes=settings.backend_stream_window_bytes,
     )
 
 

@@ -139,6 +139,10 @@ class GatewaySettings(ServiceSettings, PublicApiSettings):
         64 * 1024, ge=1024, le=16 * 1024 * 1024, description="Chat text waiting behind a write to a slow client is "
         "merged into one delta up to this many bytes; at the cap the gateway stops reading from the inference "
         "service until the client reads, so flow control reaches the engine.")
+    backend_stream_window_bytes: int = Field(
+        256 * 1024, ge=64 * 1024, le=64 * 1024 * 1024, description="Bytes a backend may send on one stream before "
+        "the gateway reads them (HTTP/2's stream window, fixed: gRPC's probes would size it from round trips, which "
+        "a loaded host stretches). With the pending cap, what a client that stops reading holds in the gateway.")
     history_messages: int = Field(50, gt=0, description="Most past messages a turn loads.")
     history_token_budget: int = Field(2048, gt=0, description="History beyond this many tokens is trimmed, oldest first.")
     history_window_step: int = Field(

@@ -96,6 +96,9 @@ class ChannelSpec:
     max_message_bytes: int = 16 * 1024 * 1024
     retry: RetryPolicy | None = field(default_factory=RetryPolicy)
     user_agent: str = "agent-gateway"
+    #: Bytes a backend may send on one stream before this side reads them; None lets gRPC size it from its
+    #: bandwidth-delay probes (``bdp_probe``).
+    stream_window_bytes: int | None = None
 
     def options(self) -> GrpcOptions:
         """The channel arguments, each with the reason it is not gRPC's default."""
@@ -120,6 +123,11 @@ class ChannelSpec:
             ("grpc.max_reconnect_backoff_ms", 1000),
             *self.keepalive.client_options(),
         ]
+        if self.stream_window_bytes is not None:
+            # What a stream holds for a reader that has stopped is its window. gRPC's probes grow it with the
+            # bytes that arrive within a ping's round trip, which a loaded host stretches: a stalled Chat client
+            # left 6 to 24 MiB in the gateway (docs/benchmarks.md, "A stalled client's stream, pinned").
+            options += [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", self.stream_window_bytes)]
         if self.tls is not None and self.tls.server_name:
             options.append(("grpc.ssl_target_name_override", self.tls.server_name))
         return options

@@ -89,4 +89,9 @@ async def test_a_client_that_stops_reading_stops_the_backend_not_the_gateways_me
     sent_at_10s, grown = scripted.sent[script], rss_bytes(gateway_pid) - before
     call.cancel()
     assert sent_at_10s == sent_at_2s < 5000, "the backend kept producing for a client that stopped reading"
+    # What was sent is what the windows hold: the gateway's stream window from the backend (256 KiB,
+    # AGW_GATEWAY_BACKEND_STREAM_WINDOW_BYTES), its pending delta (64 KiB) and the client's window (64 KiB), about
+    # 25 of these 16 KiB deltas (28 to 31 seen). With gRPC's probes sizing the gateway's window it was 290 to 377
+    # here, and on a loaded host the RSS grew 24 MiB (a full run, 2026-12-07).
+    assert sent_at_2s < 64, f"the backend sent {sent_at_2s} deltas of 16 KiB into a stream nobody reads"
     assert grown < 10 * 2**20, f"RSS grew {grown / 2**20:.1f} MiB (at 2 s: {(rss_at_2s - before) / 2**20:.1f})"

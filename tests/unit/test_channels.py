@@ -52,6 +52,14 @@ def test_channel_owns_its_connection_and_bounds_messages():
     assert options["grpc.max_send_message_length"] == 1 << 20
 
 
+def test_a_pinned_stream_window_turns_grpcs_probes_off_and_an_unpinned_one_leaves_them():
+    pinned = dict(ChannelSpec(target="x:1", tls=None, stream_window_bytes=256 * 1024).options())
+    assert pinned["grpc.http2.bdp_probe"] == 0  # else the probes overwrite the window at their next round trip
+    assert pinned["grpc.http2.lookahead_bytes"] == 256 * 1024
+    unpinned = dict(ChannelSpec(target="x:1", tls=None).options())
+    assert "grpc.http2.bdp_probe" not in unpinned and "grpc.http2.lookahead_bytes" not in unpinned
+
+
 @pytest.mark.parametrize("time_s", [1.0, 7.5, 20.0, 300.0])
 def test_server_accepts_the_pings_the_client_sends(time_s):
     policy = KeepalivePolicy(time_s=time_s, timeout_s=1.0)
