@@ -67,6 +67,14 @@ DEFAULT_MAX_CONNECTIONS = 4096
 HANDSHAKE_TIMEOUT_S = 10
 #: Streams one client connection may hold (the gateway's AGW_GATEWAY_MAX_CONCURRENT_STREAMS default).
 MAX_STREAMS_PER_CONNECTION = 100
+#: What Envoy holds for one stream and one connection whose reader has stopped (Envoy's edge best practices; its
+#: defaults, 256 MiB windows and 1 MiB buffers, are a service mesh's). A Chat client that stopped reading left
+#: 37 MiB in the edge with the defaults (docs/benchmarks.md, "A stalled client's stream, pinned").
+STREAM_WINDOW_BYTES = 64 * 1024
+CONNECTION_WINDOW_BYTES = 1024 * 1024
+CONNECTION_BUFFER_BYTES = 32 * 1024
+#: A backend's stream window at the edge: the gateway's own for its backends (AGW_GATEWAY_BACKEND_STREAM_WINDOW_BYTES).
+UPSTREAM_STREAM_WINDOW_BYTES = 256 * 1024
 #: How often the edge checks each backend host's gRPC health, seconds.
 DEFAULT_HEALTH_CHECK_S = 2.0
 #: How the edge spreads Generate over inference replicas.
@@ -196,8 +204,12 @@ def _cluster(name: str, targets: Sequence[str], files: IdentityFiles, bootstrap:
         "type": "STATIC" if all(_is_ip(host) for host, _ in endpoints) else "STRICT_DNS",
         "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
             "@type": f"{_TYPES}.upstreams.http.v3.HttpProtocolOptions",
-            "explicit_http_config": {"http2_protocol_options": {"connection_keepalive": {
-                "interval": f"{keepalive_s:g}s", "timeout": f"{min(10.0, keepalive_s / 2):g}s"}}}}},
+            "explicit_http_config": {"http2_protocol_options": {
+                "connection_keepalive": {"interval": f"{keepalive_s:g}s",
+                                         "timeout": f"{min(10.0, keepalive_s / 2):g}s"},
+                "initial_stream_window_size": UPSTREAM_STREAM_WINDOW_BYTES,
+                "initial_connection_window_size": CONNECTION_WINDOW_BYTES}}}},
+        "per_connection_buffer_limit_bytes": CONNECTION_BUFFER_BYTES,
         "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
             {"endpoint": {"address": {"socket_address": {"address": host, "port_value": port}}}}
             for host, port in endpoints]}]},
@@ -289,7 +301,9 @@ def _connection_manager(max_request_bytes: int, inference_routing: str) -> dict:
         "forward_client_cert_details": "SANITIZE_SET",
         "set_current_client_cert_details": {"uri": True, "cert": True},
         # The gateway's public-port bounds (AGW_GATEWAY_MAX_CONCURRENT_STREAMS, _IDLE_S, _AGE_S, metadata).
-        "http2_protocol_options": {"max_concurrent_streams": MAX_STREAMS_PER_CONNECTION},
+        "http2_protocol_options": {"max_concurrent_streams": MAX_STREAMS_PER_CONNECTION,
+                                   "initial_stream_window_size": STREAM_WINDOW_BYTES,
+                                   "initial_connection_window_size": CONNECTION_WINDOW_BYTES},
         "common_http_protocol_options": {"idle_timeout": "300s", "max_connection_duration": "1800s"},
         # A client that opens a stream and sends no headers holds nothing for long (slowloris).
         "request_headers_timeout": f"{HANDSHAKE_TIMEOUT_S}s",
@@ -405,6 +419,7 @@ def edge_config(tls_dir: Path, bootstrap_path: Path, *, listen: str, gateway: st
         "listeners": [{
             "name": "public",
             "address": {"socket_address": {"address": host, "port_value": port}},
+            "per_connection_buffer_limit_bytes": CONNECTION_BUFFER_BYTES,
             "filter_chains": [{
                 "filters": [_connection_manager(max_request_bytes, inference_routing)],
                 "transport_socket": {"name": "envoy.transport_sockets.tls", "typed_config": {

@@ -58,9 +58,15 @@ def retrieval(retrieval_service):
 
 
 @pytest.fixture(scope="module")
-async def inference(pki):
-    async with scripted_app(pki.root) as (running, _):
-        yield running
+async def inference_app(pki):
+    """(RunningService, ScriptedApp): the scripted inference service, whose servicer counts what it sent."""
+    async with scripted_app(pki.root) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def inference(inference_app):
+    return inference_app[0]
 
 
 @pytest.fixture(scope="module")
@@ -452,6 +458,43 @@ async def test_the_edge_holds_its_client_connections_to_its_bound(tmp_path, pki)
                 break
             await asyncio.sleep(0.05)
         assert await asyncio.to_thread(served_serial, port, pki.identity("tenant/dev")) is not None
+    finally:
+        await asyncio.to_thread(edge.stop)
+
+
+async def test_a_client_that_stops_reading_holds_little_in_the_edge(tmp_path, gateway, inference_app, retrieval, pki):
+    """Envoy's defaults (256 MiB stream windows, 1 MiB buffers) are a service mesh's: behind a Chat client that
+    stopped reading, the backend sent 2,073 deltas of 16 KiB and the edge's RSS grew 37 MiB. With the edge's windows
+    and buffers what its best practices give, flow control reaches the backend within a few hundred KiB."""
+    from agent.gateway.v1 import gateway_pb2_grpc
+    from agentgw.edge_process import EdgeProcess
+    from servicekit import ClientTls
+    from servicekit.procfs import rss_bytes
+    from tests.support.servers import free_port
+
+    inference, scripted = inference_app
+    port = free_port()
+    edge = EdgeProcess(tmp_path / "edge", pki.root, listen=f"127.0.0.1:{port}", gateway=f"127.0.0.1:{gateway.port}",
+                       inference=[f"127.0.0.1:{inference.port}"], retrieval=f"127.0.0.1:{retrieval.port}")
+    try:
+        await asyncio.to_thread(edge.wait_answering, 30)
+        # No BDP probing: the client's own window stays at 64 KiB, as a reader that stopped would leave it.
+        credentials = ClientTls.for_identity(pki.root, "tenant/dev").credentials()
+        async with grpc.aio.secure_channel(f"127.0.0.1:{port}", credentials,
+                                           options=[("grpc.http2.bdp_probe", 0)]) as channel:
+            script = "tokens=5000 delay=0 pad=16384"  # 80 MB if nothing pushed back
+            before = rss_bytes(edge.pid)
+            call = gateway_pb2_grpc.AgentGatewayStub(channel).Chat(pb.ChatRequest(message=script), timeout=60)
+            assert (await call.read()).WhichOneof("event") == "delta"
+            await asyncio.sleep(2)  # every window on the way fills
+            sent_at_2s = scripted.servicer.sent[script]
+            await asyncio.sleep(3)
+            sent_at_5s, grown = scripted.servicer.sent[script], rss_bytes(edge.pid) - before
+            call.cancel()
+        # The client's window, the edge's to the client (64 KiB) and from the gateway (256 KiB), the gateway's
+        # pending delta (64 KiB) and its window from the backend (256 KiB): about 45 deltas (47 seen).
+        assert sent_at_5s == sent_at_2s < 128, f"the backend sent {sent_at_5s} deltas of 16 KiB to a stalled client"
+        assert grown < 4 * 2**20, f"the edge's RSS grew {grown / 2**20:.1f} MiB behind a stalled client"
     finally:
         await asyncio.to_thread(edge.stop)
 
