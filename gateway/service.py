@@ -231,7 +231,8 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
         with ExitStack() as slot:
             self._admit(slot, tenant, stage=True)  # held for the whole turn
             admitted_at = time.perf_counter()
-            async with CoalescingWriter(context, merge_text, self.settings.stream_pending_bytes) as out:
+            async with CoalescingWriter(context, merge_text, self.settings.stream_pending_bytes,
+                                        self.settings.stream_send_timeout_s) as out:
                 async for event in self.turns.run(tenant, turn, context, admitted_at, clock):
                     if isinstance(event, Delta):
                         await out.delta(event.text, len(event.text.encode()))

@@ -13,7 +13,9 @@ their place, so the summary is always last.
 What is pending is capped (``max_pending_bytes``). At the cap the producer
 waits for the writer before it reads another message from the backend, so a
 client that stops reading stops the backend stream through HTTP/2 flow control
-instead of growing this process's memory.
+instead of growing this process's memory. It waits at most ``send_timeout_s``:
+a paused generation still holds its engine slot and KV cache, so a client
+that reads nothing for that long ends the stream (``DEADLINE_EXCEEDED``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from agent.gateway.v1 import gateway_pb2 as pb
+from servicekit.errors import DeadlineExceeded
 from servicekit.tasks import cancel_and_wait
 
 
@@ -49,10 +52,13 @@ class CoalescingWriter:
     writer instead.
     """
 
-    def __init__(self, context, merge: Callable[[list], list], max_pending_bytes: int = 64 * 1024) -> None:
+    def __init__(self, context, merge: Callable[[list], list], max_pending_bytes: int = 64 * 1024,
+                 send_timeout_s: float | None = None) -> None:
+        """``send_timeout_s``: the longest the producer waits at the cap for the client to read (None: no bound)."""
         self._context = context
         self._merge = merge
         self._max_pending = max_pending_bytes
+        self._send_timeout_s = send_timeout_s
         self._queue: deque = deque()
         self._pending_size = 0
         self._wake = asyncio.Event()
@@ -90,7 +96,13 @@ class CoalescingWriter:
         while self._pending_size >= self._max_pending:
             self._check_writer()
             self._room.clear()
-            await self._room.wait()
+            try:
+                await asyncio.wait_for(self._room.wait(), self._send_timeout_s)
+            except TimeoutError:
+                raise DeadlineExceeded(
+                    f"the client read nothing for {self._send_timeout_s:g} s while {self._pending_size} bytes of the "
+                    "stream waited (AGW_GATEWAY_STREAM_SEND_TIMEOUT_S); the stream and its generation were ended"
+                ) from None
 
     async def message(self, message) -> None:
         """Queue a message that is never merged (context, tool call, final), after everything before it."""

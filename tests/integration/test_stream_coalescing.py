@@ -9,6 +9,7 @@ memory. The writer's rules alone are in tests/unit/test_stream_writer.py.
 from __future__ import annotations
 
 import asyncio
+from contextlib import asynccontextmanager
 
 import grpc
 import pytest
@@ -25,25 +26,38 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-async def stack(tmp_path_factory, pki, database_url):
-    """The gateway as a process of its own (its memory is measured), on in-process backends."""
+async def backends(tmp_path_factory, pki):
+    """(retrieval port, inference port, the scripted inference servicer), in process."""
     async with retrieval_server(tmp_path_factory.mktemp("coalescing-retrieval"), pki.root) as (retrieval, _), \
             scripted_app(pki.root) as (inference, scripted):
-        gateway = ServiceProcess("gateway.main", tmp_path_factory.mktemp("coalescing-gateway"), pki.root,
-                                 "AGW_GATEWAY_", env={
-                                     "AGW_GATEWAY_WORKERS": "1", "AGW_DATABASE_URL": database_url,
-                                     "AGW_GATEWAY_INFERENCE_TARGET": f"127.0.0.1:{inference.port}",
-                                     "AGW_GATEWAY_RETRIEVAL_TARGET": f"127.0.0.1:{retrieval.port}"})
-        try:
-            port = await asyncio.to_thread(gateway.wait_serving, 60)  # the loop keeps serving the backends
-            # No BDP probing: the client's flow-control window stays at 64 KiB, as a slow reader's would,
-            # instead of growing to hold the whole stream.
-            credentials = ClientTls.for_identity(pki.root, "tenant/dev").credentials()
-            async with grpc.aio.secure_channel(f"127.0.0.1:{port}", credentials,
-                                               options=[("grpc.http2.bdp_probe", 0)]) as channel:
-                yield gateway_pb2_grpc.AgentGatewayStub(channel), scripted.servicer, gateway.pid
-        finally:
-            await asyncio.to_thread(gateway.stop)
+        yield retrieval.port, inference.port, scripted.servicer
+
+
+@asynccontextmanager
+async def _gateway(workdir, pki, database_url, backends, **env: str):
+    """The gateway as a process of its own (its memory is measured) on ``backends``, and a tenant's stub to it."""
+    retrieval_port, inference_port, _ = backends
+    gateway = ServiceProcess("gateway.main", workdir, pki.root, "AGW_GATEWAY_", env={
+        "AGW_GATEWAY_WORKERS": "1", "AGW_DATABASE_URL": database_url,
+        "AGW_GATEWAY_INFERENCE_TARGET": f"127.0.0.1:{inference_port}",
+        "AGW_GATEWAY_RETRIEVAL_TARGET": f"127.0.0.1:{retrieval_port}", **env})
+    try:
+        port = await asyncio.to_thread(gateway.wait_serving, 60)  # the loop keeps serving the backends
+        # No BDP probing: the client's flow-control window stays at 64 KiB, as a slow reader's would,
+        # instead of growing to hold the whole stream.
+        credentials = ClientTls.for_identity(pki.root, "tenant/dev").credentials()
+        async with grpc.aio.secure_channel(f"127.0.0.1:{port}", credentials,
+                                           options=[("grpc.http2.bdp_probe", 0)]) as channel:
+            yield gateway_pb2_grpc.AgentGatewayStub(channel), gateway.pid
+    finally:
+        await asyncio.to_thread(gateway.stop)
+
+
+@pytest.fixture(scope="module")
+async def stack(tmp_path_factory, pki, database_url, backends):
+    """The gateway with its defaults (a client may stall for 60 s before its stream ends)."""
+    async with _gateway(tmp_path_factory.mktemp("coalescing-gateway"), pki, database_url, backends) as (stub, pid):
+        yield stub, backends[2], pid
 
 
 def _expected(tokens: int, pad: int) -> str:
@@ -95,3 +109,23 @@ async def test_a_client_that_stops_reading_stops_the_backend_not_the_gateways_me
     # here, and on a loaded host the RSS grew 24 MiB (a full run, 2026-12-07).
     assert sent_at_2s < 64, f"the backend sent {sent_at_2s} deltas of 16 KiB into a stream nobody reads"
     assert grown < 10 * 2**20, f"RSS grew {grown / 2**20:.1f} MiB (at 2 s: {(rss_at_2s - before) / 2**20:.1f})"
+
+
+async def test_a_client_that_reads_nothing_past_the_send_timeout_ends_the_stream_and_its_generation(
+        tmp_path, pki, database_url, backends):
+    scripted = backends[2]
+    async with _gateway(tmp_path, pki, database_url, backends, AGW_GATEWAY_STREAM_SEND_TIMEOUT_S="2") as (stub, _):
+        script = "tokens=5000 delay=0 pad=16384"
+        generations_closed = len(scripted.closed)
+        call = stub.Chat(pb.ChatRequest(message=script), timeout=60)
+        assert (await call.read()).WhichOneof("event") == "delta"
+        await asyncio.sleep(5)  # past the 2 s: the gateway ended the turn, and with it the generation
+        assert len(scripted.closed) == generations_closed + 1, "the generation still runs for a stalled client"
+        assert scripted.sent[script] < 64
+        # The client reads again: what was written before the end, then the status naming the bound.
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            while await call.read() is not grpc.aio.EOF:
+                pass
+        assert ended.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "read nothing for 2 s" in ended.value.details()
+        assert "AGW_GATEWAY_STREAM_SEND_TIMEOUT_S" in ended.value.details()

@@ -11,6 +11,7 @@ import pytest
 
 from agent.gateway.v1 import gateway_pb2 as pb
 from gateway.stream_writer import CoalescingWriter, merge_text
+from servicekit.errors import DeadlineExceeded
 
 pytestmark = pytest.mark.unit
 
@@ -82,6 +83,33 @@ async def test_at_the_cap_the_producer_waits_for_the_client():
         await asyncio.wait_for(blocked, 1)
         await out.message(FINAL)
     assert "".join(m.delta.text for m in context.written if m.HasField("delta")) == "first" + "x" * 600 + "y" * 600
+
+
+async def test_a_client_that_reads_nothing_past_the_send_timeout_ends_the_stream():
+    context = HeldContext()
+    with pytest.raises(DeadlineExceeded) as ended:
+        async with CoalescingWriter(context, merge_text, max_pending_bytes=1024, send_timeout_s=0.2) as out:
+            context.gate.clear()  # the client stops reading
+            await out.delta("first", len("first"))
+            await _settle()
+            started = asyncio.get_running_loop().time()
+            await out.delta("x" * 2048, 2048)  # over the cap: waits for the client, at most 0.2 s
+    waited = asyncio.get_running_loop().time() - started
+    assert 0.15 < waited < 2, waited
+    assert "read nothing for 0.2 s" in ended.value.message
+    assert "AGW_GATEWAY_STREAM_SEND_TIMEOUT_S" in ended.value.message
+
+
+async def test_a_slow_client_that_reads_within_the_send_timeout_gets_every_delta():
+    context = HeldContext()
+    async with CoalescingWriter(context, merge_text, max_pending_bytes=1024, send_timeout_s=0.5) as out:
+        for index in range(6):  # each time at the cap, the client reads within 0.1 s
+            context.gate.clear()
+            asyncio.get_running_loop().call_later(0.1, context.gate.set)
+            await out.delta(str(index) * 2048, 2048)
+        await out.message(FINAL)
+    assert "".join(m.delta.text for m in context.written if m.HasField("delta")) == "".join(
+        str(index) * 2048 for index in range(6))
 
 
 async def test_a_failed_write_reaches_the_producer():
