@@ -384,6 +384,23 @@ def _connection_bound(max_connections: int) -> dict:
                          "max_active_downstream_connections": max_connections}}]}
 
 
+def _listener(listen: str, downstream_tls: dict, connection_manager: dict) -> dict:
+    """The public listener on ``listen`` (host:port): mTLS with ``downstream_tls``, then ``connection_manager``."""
+    host, port = _host_port(listen)
+    return {
+        "name": "public",
+        "address": {"socket_address": {"address": host, "port_value": port}},
+        "per_connection_buffer_limit_bytes": CONNECTION_BUFFER_BYTES,
+        "filter_chains": [{
+            "filters": [connection_manager],
+            "transport_socket": {"name": "envoy.transport_sockets.tls", "typed_config": {
+                "@type": f"{_TYPES}.transport_sockets.tls.v3.DownstreamTlsContext", **downstream_tls}},
+            # A connection that has not finished its handshake by then is closed.
+            "transport_socket_connect_timeout": f"{HANDSHAKE_TIMEOUT_S}s",
+        }],
+    }
+
+
 def edge_config(tls_dir: Path, bootstrap_path: Path, *, listen: str, gateway: str, inference: Sequence[str],
                 retrieval: str, trust_domain: str = DEFAULT_TRUST_DOMAIN, keepalive_s: float = 20.0,
                 max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_connections: int = DEFAULT_MAX_CONNECTIONS,
@@ -411,23 +428,11 @@ def edge_config(tls_dir: Path, bootstrap_path: Path, *, listen: str, gateway: st
     tls_dir, bootstrap_path = tls_dir.absolute(), bootstrap_path.absolute()
     files = IdentityFiles.of(tls_dir, EDGE)
     affine = _affine_balance(inference_routing, affinity_balance)
-    host, port = _host_port(listen)
     downstream = {"require_client_certificate": True, "common_tls_context": _tls_context(
         files, bootstrap_path, **_spiffe_match("prefix", f"spiffe://{trust_domain}/"))}
     # File-based SDS needs the node named.
     bootstrap = {"node": {"id": "edge", "cluster": "agentgw-edge"}, "static_resources": {
-        "listeners": [{
-            "name": "public",
-            "address": {"socket_address": {"address": host, "port_value": port}},
-            "per_connection_buffer_limit_bytes": CONNECTION_BUFFER_BYTES,
-            "filter_chains": [{
-                "filters": [_connection_manager(max_request_bytes, inference_routing)],
-                "transport_socket": {"name": "envoy.transport_sockets.tls", "typed_config": {
-                    "@type": f"{_TYPES}.transport_sockets.tls.v3.DownstreamTlsContext", **downstream}},
-                # A connection that has not finished its handshake by then is closed.
-                "transport_socket_connect_timeout": f"{HANDSHAKE_TIMEOUT_S}s",
-            }],
-        }],
+        "listeners": [_listener(listen, downstream, _connection_manager(max_request_bytes, inference_routing))],
         "clusters": [_cluster(name, targets, files, bootstrap_path, trust_domain, keepalive_s,
                               _health(health_check_s, max_connections * MAX_STREAMS_PER_CONNECTION))
                      for name, targets in (("gateway", [gateway]), ("inference", inference), ("retrieval", [retrieval]))],
