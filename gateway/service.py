@@ -39,7 +39,7 @@ from gateway.convert import message_to_proto, session_to_proto, turn_event_to_pr
 from gateway.database import embedded_postgres_url, open_database
 from gateway.sessions import Sessions
 from gateway.settings import GatewaySettings
-from gateway.stream_writer import CoalescingWriter, merge_text
+from gateway.stream_writer import CoalescingWriter, SendWatch, merge_text
 from gateway.turn_types import Delta
 
 log = logging.getLogger(__name__)
@@ -118,8 +118,10 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
         writes finish well within a stream's inter-token gap even at 64
         streams, so nothing merged; docs/benchmarks.md). Reading waits for
         each write, so a slow client holds the backend back through flow
-        control. Only the last message is parsed, after the stream, for the
-        span's token counts.
+        control, and a client that takes no message for
+        ``AGW_GATEWAY_STREAM_SEND_TIMEOUT_S`` ends the stream (``SendWatch``).
+        Only the last message is parsed, after the stream, for the span's
+        token counts.
         """
         tenant = self._tenant(context)
         self.bounds.generate(request)
@@ -127,20 +129,27 @@ class GatewayServicer(gateway_pb2_grpc.AgentGatewayServicer):
         request.request.cache_salt = cache_salt_for(self.settings.prefix_cache, tenant, request.request.cache_salt)
         key = self._generate_key(request.request, context)
         messages, last = 0, b""
-        with ExitStack() as slot:
+        with ExitStack() as slot, SendWatch(self.settings.stream_send_timeout_s) as watch:
             self._admit(slot, tenant)
             route = self.backends.route(key)
-            while True:
-                try:
-                    async with self.backends.start_generate_bytes(request.request, context, route) as stream:
-                        async for payload in stream:
-                            await context.write(wrap(_RESPONSE_FIELD, payload))
-                            messages += 1
-                            last = payload
-                    break
-                except ServiceError as exc:  # before the first message, once, on the next replica
-                    if messages or (route := self.backends.reroute(route, exc)) is None:
-                        raise
+            try:
+                while True:
+                    try:
+                        async with self.backends.start_generate_bytes(request.request, context, route) as stream:
+                            async for payload in stream:
+                                watch.writing()
+                                await context.write(wrap(_RESPONSE_FIELD, payload))
+                                watch.written()
+                                messages += 1
+                                last = payload
+                        break
+                    except ServiceError as exc:  # before the first message, once, on the next replica
+                        if messages or (route := self.backends.reroute(route, exc)) is None:
+                            raise
+            except asyncio.CancelledError:
+                if not watch.fired:  # the client cancelled, or its deadline passed
+                    raise
+                raise watch.expired() from None  # the generation was cancelled on the way out
         _note_stream(messages, messages, last, route.replica)
 
     def _generate_key(self, request: inference_pb2.GenerateRequest, context) -> bytes:

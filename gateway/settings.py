@@ -140,9 +140,9 @@ class GatewaySettings(ServiceSettings, PublicApiSettings):
         "merged into one delta up to this many bytes; at the cap the gateway stops reading from the inference "
         "service until the client reads, so flow control reaches the engine.")
     stream_send_timeout_s: float = Field(
-        60.0, gt=0, le=3600, description="A Chat stream whose client has read nothing for this long while the pending "
-        "delta is full is ended DEADLINE_EXCEEDED, and its generation with it (nginx's send_timeout): a client that "
-        "stops reading holds an engine slot and its KV cache for at most this long.")
+        60.0, gt=0, le=3600, description="A Chat or Generate stream whose client has taken nothing for this long (a "
+        "write waiting, or Chat's pending delta full) is ended DEADLINE_EXCEEDED, and its generation with it (nginx's "
+        "send_timeout): a client that stops reading holds an engine slot and its KV cache for at most this long.")
     backend_stream_window_bytes: int = Field(
         256 * 1024, ge=64 * 1024, le=64 * 1024 * 1024, description="Bytes a backend may send on one stream before "
         "the gateway reads them (HTTP/2's stream window, fixed: gRPC's probes would size it from round trips, which "

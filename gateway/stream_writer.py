@@ -99,10 +99,8 @@ class CoalescingWriter:
             try:
                 await asyncio.wait_for(self._room.wait(), self._send_timeout_s)
             except TimeoutError:
-                raise DeadlineExceeded(
-                    f"the client read nothing for {self._send_timeout_s:g} s while {self._pending_size} bytes of the "
-                    "stream waited (AGW_GATEWAY_STREAM_SEND_TIMEOUT_S); the stream and its generation were ended"
-                ) from None
+                raise send_timed_out(self._send_timeout_s, f" while {self._pending_size} bytes of the stream waited"
+                                     ) from None
 
     async def message(self, message) -> None:
         """Queue a message that is never merged (context, tool call, final), after everything before it."""
@@ -133,3 +131,55 @@ class CoalescingWriter:
             for message in messages:
                 await self._context.write(message)
                 self.written += 1
+
+
+def send_timed_out(timeout_s: float, detail: str = "") -> DeadlineExceeded:
+    """The status of a stream ended because its client read nothing for ``timeout_s``."""
+    return DeadlineExceeded(f"the client read nothing for {timeout_s:g} s{detail} (AGW_GATEWAY_STREAM_SEND_TIMEOUT_S); "
+                            "the stream and its generation were ended")
+
+
+class SendWatch:
+    """Cancels the current task once one write to its client has waited ``timeout_s``: for a stream written with
+    ``context.write`` as read (the Generate passthrough), where reading waits for each write.
+
+    Wrap each write in :meth:`writing` and :meth:`written` (two stores of a clock reading); one timer a stream
+    checks them, re-armed at its own interval, never per message (a timer per write would cost every token).
+    Use ``with SendWatch(timeout_s) as watch:``; where the task sees ``CancelledError``, :attr:`fired` tells
+    whether the watch sent it (then :meth:`expired` is the status to end the stream with).
+    """
+
+    def __init__(self, timeout_s: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        self._timeout_s = timeout_s
+        self._since: float | None = None
+        self.fired = False
+        self._timer: asyncio.TimerHandle | None = None
+
+    def __enter__(self) -> SendWatch:
+        self._timer = self._loop.call_later(self._timeout_s, self._check)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._timer.cancel()
+
+    def writing(self) -> None:
+        self._since = self._loop.time()
+
+    def written(self) -> None:
+        self._since = None
+
+    def expired(self) -> DeadlineExceeded:
+        """The status to end the stream with once the watch has fired; the task's cancel request is withdrawn."""
+        self._task.uncancel()
+        return send_timed_out(self._timeout_s)
+
+    def _check(self) -> None:
+        since, now = self._since, self._loop.time()
+        if since is not None and now - since >= self._timeout_s:
+            self.fired = True
+            self._task.cancel()
+            return
+        self._timer = self._loop.call_later(self._timeout_s if since is None else since + self._timeout_s - now,
+                                            self._check)

@@ -111,21 +111,39 @@ async def test_a_client_that_stops_reading_stops_the_backend_not_the_gateways_me
     assert grown < 10 * 2**20, f"RSS grew {grown / 2**20:.1f} MiB (at 2 s: {(rss_at_2s - before) / 2**20:.1f})"
 
 
-async def test_a_client_that_reads_nothing_past_the_send_timeout_ends_the_stream_and_its_generation(
+STALLED = "tokens=5000 delay=0 pad=16384"
+
+
+async def _a_stall_past_the_send_timeout_ends_the_generation(open_call, scripted) -> None:
+    """``open_call()`` opens a stream of ``STALLED`` on a gateway whose send timeout is 2 s; its client reads one
+    message, then nothing for 5 s. The gateway has ended the generation by then; the client, reading again, gets
+    what was written before the end, then DEADLINE_EXCEEDED naming the setting."""
+    generations_closed = len(scripted.closed)
+    call = open_call()
+    await call.read()
+    await asyncio.sleep(5)  # past the 2 s: the gateway ended the stream, and with it the generation
+    assert len(scripted.closed) == generations_closed + 1, "the generation still runs for a stalled client"
+    assert scripted.sent[STALLED] < 64
+    with pytest.raises(grpc.aio.AioRpcError) as ended:
+        while await call.read() is not grpc.aio.EOF:
+            pass
+    assert ended.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "read nothing for 2 s" in ended.value.details()
+    assert "AGW_GATEWAY_STREAM_SEND_TIMEOUT_S" in ended.value.details()
+
+
+async def test_a_chat_client_that_reads_nothing_past_the_send_timeout_ends_its_turn_and_generation(
         tmp_path, pki, database_url, backends):
-    scripted = backends[2]
     async with _gateway(tmp_path, pki, database_url, backends, AGW_GATEWAY_STREAM_SEND_TIMEOUT_S="2") as (stub, _):
-        script = "tokens=5000 delay=0 pad=16384"
-        generations_closed = len(scripted.closed)
-        call = stub.Chat(pb.ChatRequest(message=script), timeout=60)
-        assert (await call.read()).WhichOneof("event") == "delta"
-        await asyncio.sleep(5)  # past the 2 s: the gateway ended the turn, and with it the generation
-        assert len(scripted.closed) == generations_closed + 1, "the generation still runs for a stalled client"
-        assert scripted.sent[script] < 64
-        # The client reads again: what was written before the end, then the status naming the bound.
-        with pytest.raises(grpc.aio.AioRpcError) as ended:
-            while await call.read() is not grpc.aio.EOF:
-                pass
-        assert ended.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        assert "read nothing for 2 s" in ended.value.details()
-        assert "AGW_GATEWAY_STREAM_SEND_TIMEOUT_S" in ended.value.details()
+        await _a_stall_past_the_send_timeout_ends_the_generation(
+            lambda: stub.Chat(pb.ChatRequest(message=STALLED), timeout=60), backends[2])
+
+
+async def test_a_generate_client_that_takes_nothing_past_the_send_timeout_ends_its_generation(
+        tmp_path, pki, database_url, backends):
+    from agent.inference.v1 import inference_pb2
+
+    async with _gateway(tmp_path, pki, database_url, backends, AGW_GATEWAY_STREAM_SEND_TIMEOUT_S="2") as (stub, _):
+        await _a_stall_past_the_send_timeout_ends_the_generation(
+            lambda: stub.Generate(pb.GenerateRequest(request=inference_pb2.GenerateRequest(prompt=STALLED)),
+                                  timeout=60), backends[2])

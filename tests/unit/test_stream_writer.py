@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from agent.gateway.v1 import gateway_pb2 as pb
-from gateway.stream_writer import CoalescingWriter, merge_text
+from gateway.stream_writer import CoalescingWriter, SendWatch, merge_text
 from servicekit.errors import DeadlineExceeded
 
 pytestmark = pytest.mark.unit
@@ -134,3 +134,41 @@ async def test_a_failed_producer_cancels_the_writer():
             raise RuntimeError("turn failed")
     assert out._task.cancelled()
 
+
+
+async def test_a_send_watch_ends_a_stream_whose_write_waits_past_its_timeout():
+    stalled = asyncio.Event()  # a write the client never takes
+
+    async def stream() -> None:
+        with SendWatch(0.2) as watch:
+            try:
+                for _ in range(3):
+                    watch.writing()
+                    await asyncio.wait_for(asyncio.sleep(0.01), 1)  # taken at once
+                    watch.written()
+                watch.writing()
+                await stalled.wait()
+            except asyncio.CancelledError:
+                assert watch.fired
+                raise watch.expired() from None
+
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(DeadlineExceeded) as ended:
+        await stream()
+    assert 0.2 <= asyncio.get_running_loop().time() - started < 2
+    assert "read nothing for 0.2 s" in ended.value.message and "AGW_GATEWAY_STREAM_SEND_TIMEOUT_S" in ended.value.message
+
+
+async def test_a_send_watch_leaves_a_client_that_takes_each_message_in_time():
+    async def stream() -> int:
+        written = 0
+        with SendWatch(0.2) as watch:
+            for _ in range(8):  # 0.8 s in all, each write taken within 0.1 s
+                watch.writing()
+                await asyncio.sleep(0.1)
+                watch.written()
+                written += 1
+        return written
+
+    assert await stream() == 8
+    await asyncio.sleep(0.3)  # the watch's timer went with the stream: nothing cancels this task later
