@@ -77,6 +77,10 @@ CONNECTION_BUFFER_BYTES = 32 * 1024
 UPSTREAM_STREAM_WINDOW_BYTES = 256 * 1024
 #: How often the edge checks each backend host's gRPC health, seconds.
 DEFAULT_HEALTH_CHECK_S = 2.0
+#: A stream on which no frame has moved either way for this long is reset, and its backend call with it: a client
+#: that stopped reading frees its generation (the gateway's AGW_GATEWAY_STREAM_SEND_TIMEOUT_S for its own streams;
+#: Envoy's default, 5 minutes, held a stalled Generate's engine slot that long).
+DEFAULT_STREAM_IDLE_S = 60.0
 #: How the edge spreads Generate over inference replicas.
 INFERENCE_ROUTING = ("affinity", "least_request")
 #: A replica takes up to this percent of the replicas' average calls in flight before its keys spill (Envoy's
@@ -269,6 +273,23 @@ def _routes(inference_routing: str = "affinity") -> list[dict]:
                       "typed_per_filter_config": unbuffered}]
 
 
+def _grpc_refusal(code: int, message: str, **match: dict) -> dict:
+    """A local reply mapper: an Envoy refusal matching ``match`` answers gRPC status ``code`` with ``message``
+    (Envoy's own mapping of its HTTP codes says UNKNOWN for most)."""
+    return {"filter": match,
+            "headers_to_add": [{"header": {"key": "grpc-status", "value": str(code)},
+                                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
+            "body": {"inline_string": message}}
+
+
+def _stream_idle_refusal(stream_idle_s: float) -> dict:
+    """DEADLINE_EXCEEDED for a stream reset for its silence before its response began (a backend that sent
+    nothing for ``stream_idle_s``); once the response began, the stream is reset, the only way left to end it."""
+    return _grpc_refusal(4, f"nothing moved on this stream for {stream_idle_s:g} s, the public port's bound "
+                            "(agentgw edge-config --stream-idle-s)",
+                         response_flag_filter={"flags": ["SI"]})
+
+
 def _request_bound(max_request_bytes: int) -> tuple[dict, dict]:
     """The public port's bound on a request, for the methods the edge sends to a backend: the buffer filter and
     its refusal, RESOURCE_EXHAUSTED naming the bound (what gRPC answers on the gateway's own port).
@@ -279,21 +300,18 @@ def _request_bound(max_request_bytes: int) -> tuple[dict, dict]:
     bound = max_request_bytes + 5  # the gRPC frame's header: compressed flag and length
     buffer = {"name": _BUFFER, "typed_config": {"@type": f"{_TYPES}.filters.http.buffer.v3.Buffer",
                                                 "max_request_bytes": bound}}
-    refusal = {"mappers": [{
-        "filter": {"status_code_filter": {"comparison": {"op": "EQ", "value": {
-            "default_value": 413, "runtime_key": "agw.edge.too_large"}}}},
-        # RESOURCE_EXHAUSTED (8), as gRPC's own limit answers; Envoy's mapping of a 413 would say UNKNOWN.
-        "headers_to_add": [{"header": {"key": "grpc-status", "value": "8"},
-                            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
-        "body": {"inline_string": f"request: is over {max_request_bytes} bytes, the public port's bound "
-                                  "(agentgw edge-config --max-request-bytes; AGW_GATEWAY_MAX_RECEIVE_BYTES on the "
-                                  "gateway)"},
-    }]}
+    # RESOURCE_EXHAUSTED (8), as gRPC's own limit answers.
+    refusal = _grpc_refusal(8, f"request: is over {max_request_bytes} bytes, the public port's bound (agentgw "
+                               "edge-config --max-request-bytes; AGW_GATEWAY_MAX_RECEIVE_BYTES on the gateway)",
+                            status_code_filter={"comparison": {"op": "EQ", "value": {
+                                "default_value": 413, "runtime_key": "agw.edge.too_large"}}})
     return buffer, refusal
 
 
-def _connection_manager(max_request_bytes: int, inference_routing: str) -> dict:
-    buffer, refusal = _request_bound(max_request_bytes)
+def _connection_manager(max_request_bytes: int, inference_routing: str, stream_idle_s: float) -> dict:
+    buffer, too_large = _request_bound(max_request_bytes)
+    if not stream_idle_s > 0:
+        raise ValueError(f"--stream-idle-s must be above 0 (got {stream_idle_s:g}): every stream needs a bound")
     return {"name": "envoy.filters.network.http_connection_manager", "typed_config": {
         "@type": f"{_TYPES}.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "edge", "codec_type": "HTTP2",
@@ -307,13 +325,15 @@ def _connection_manager(max_request_bytes: int, inference_routing: str) -> dict:
         "common_http_protocol_options": {"idle_timeout": "300s", "max_connection_duration": "1800s"},
         # A client that opens a stream and sends no headers holds nothing for long (slowloris).
         "request_headers_timeout": f"{HANDSHAKE_TIMEOUT_S}s",
+        # A stream nobody moves is reset, both ways: its backend call ends, and with it a stalled client's generation.
+        "stream_idle_timeout": f"{stream_idle_s:g}s",
         "max_request_headers_kb": 16,
         # Nothing of Envoy's own on the wire: no UUID generated per call for an x-request-id that no part of the
         # deployment reads (a fresh value every call, which each backend parsed), and no `server: envoy`.
         "generate_request_id": False,
         "server_header_transformation": "PASS_THROUGH",
         "route_config": {"virtual_hosts": [{"name": "public", "domains": ["*"], "routes": _routes(inference_routing)}]},
-        "local_reply_config": refusal,
+        "local_reply_config": {"mappers": [too_large, _stream_idle_refusal(stream_idle_s)]},
         # suppress_envoy_headers: no x-envoy-upstream-service-time (a backend's own time) in a client's answer.
         "http_filters": [buffer, {"name": "envoy.filters.http.router", "typed_config": {
             "@type": f"{_TYPES}.filters.http.router.v3.Router", "suppress_envoy_headers": True}}],
@@ -406,7 +426,8 @@ def edge_config(tls_dir: Path, bootstrap_path: Path, *, listen: str, gateway: st
                 max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_connections: int = DEFAULT_MAX_CONNECTIONS,
                 health_check_s: float = DEFAULT_HEALTH_CHECK_S, admin: str | None = None,
                 metrics: str | None = None, inference_routing: str = "affinity",
-                affinity_balance: int = DEFAULT_AFFINITY_BALANCE) -> EdgeConfig:
+                affinity_balance: int = DEFAULT_AFFINITY_BALANCE,
+                stream_idle_s: float = DEFAULT_STREAM_IDLE_S) -> EdgeConfig:
     """Envoy's config for the edge: ``listen`` (host:port) public, the three services behind it.
 
     ``inference``: the replicas' host:port (several: least requests). The
@@ -424,6 +445,9 @@ def edge_config(tls_dir: Path, bootstrap_path: Path, *, listen: str, gateway: st
     replicas, hashed on that key and the tenant's certificate by Maglev, with
     load bounded at ``affinity_balance`` percent of the average; one without
     goes by least requests) or ``least_request`` (all by load).
+    ``stream_idle_s``: a stream with no frame either way for that long is
+    reset, and its backend call cancelled (a client that stopped reading, a
+    backend that sent nothing).
     """
     tls_dir, bootstrap_path = tls_dir.absolute(), bootstrap_path.absolute()
     files = IdentityFiles.of(tls_dir, EDGE)
@@ -432,7 +456,8 @@ def edge_config(tls_dir: Path, bootstrap_path: Path, *, listen: str, gateway: st
         files, bootstrap_path, **_spiffe_match("prefix", f"spiffe://{trust_domain}/"))}
     # File-based SDS needs the node named.
     bootstrap = {"node": {"id": "edge", "cluster": "agentgw-edge"}, "static_resources": {
-        "listeners": [_listener(listen, downstream, _connection_manager(max_request_bytes, inference_routing))],
+        "listeners": [_listener(listen, downstream, _connection_manager(max_request_bytes, inference_routing,
+                                                                          stream_idle_s))],
         "clusters": [_cluster(name, targets, files, bootstrap_path, trust_domain, keepalive_s,
                               _health(health_check_s, max_connections * MAX_STREAMS_PER_CONNECTION))
                      for name, targets in (("gateway", [gateway]), ("inference", inference), ("retrieval", [retrieval]))],

@@ -15,6 +15,7 @@ from agentgw.edge import (
     DEFAULT_HEALTH_CHECK_S,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_STREAM_IDLE_S,
     EDGE,
     INFERENCE_ROUTING,
     edge_config,
@@ -43,6 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--health-check-s", type=float, default=DEFAULT_HEALTH_CHECK_S,
                         help="how often each backend host's gRPC health is checked; a host not SERVING gets no calls "
                              f"(default {DEFAULT_HEALTH_CHECK_S:g}; 0: never)")
+    parser.add_argument("--stream-idle-s", type=float, default=DEFAULT_STREAM_IDLE_S,
+                        help="a stream on which nothing moved either way for this long is reset, and its backend call "
+                             "ended: a client that stopped reading frees its generation (default "
+                             f"{DEFAULT_STREAM_IDLE_S:g}, the gateway's AGW_GATEWAY_STREAM_SEND_TIMEOUT_S)")
     parser.add_argument("--inference-routing", choices=INFERENCE_ROUTING, default="affinity",
                         help="how Generate is spread over the inference replicas: affinity hashes a call that "
                              f"carries an {AFFINITY_HEADER} header (a session id) on it and the tenant's certificate, "
@@ -69,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
                              max_request_bytes=args.max_request_bytes, max_connections=args.max_connections,
                              health_check_s=args.health_check_s, admin=args.admin,
                              metrics=args.metrics, inference_routing=args.inference_routing,
-                             affinity_balance=args.affinity_balance)
+                             affinity_balance=args.affinity_balance, stream_idle_s=args.stream_idle_s)
     except ValueError as exc:
         print(f"agentgw edge-config: {exc}", file=sys.stderr)
         return 2

@@ -499,6 +499,37 @@ async def test_a_client_that_stops_reading_holds_little_in_the_edge(tmp_path, ga
         await asyncio.to_thread(edge.stop)
 
 
+async def test_a_stream_nothing_moves_on_is_reset_and_its_backend_call_ended(tmp_path, gateway, retrieval, pki):
+    """--stream-idle-s 2: a Generate client that reads one message, then nothing, has its generation ended at the
+    backend within seconds (with Envoy's default the engine slot was held for 5 minutes); a backend silent before
+    its first message ends the call DEADLINE_EXCEEDED naming the bound. A stream that moves is never touched."""
+    from servicekit import ClientTls
+
+    credentials = ClientTls.for_identity(pki.root, "tenant/dev").credentials()
+    async with scripted_app(pki.root, **EDGE) as (inference, scripted), \
+            edge_proxy(tmp_path, pki.root, gateway_port=gateway.port, inference_ports=[inference.port],
+                       retrieval_port=retrieval.port, stream_idle_s=2) as port, \
+            grpc.aio.secure_channel(f"127.0.0.1:{port}", credentials,  # no BDP probes: the window stays 64 KiB
+                                    options=[("grpc.http2.bdp_probe", 0)]) as channel:
+        generate = raw_multicallable(channel, GENERATE)
+        stalled = "tokens=5000 delay=0 pad=16384"
+        call = generate(_scripted(stalled), timeout=60)
+        await call.read()
+        await asyncio.sleep(5)  # past the 2 s: the edge reset the stream, and the backend's call ended with it
+        assert stalled in scripted.servicer.closed, "the generation still runs for a stalled client"
+        assert scripted.servicer.sent[stalled] < 64
+        call.cancel()
+
+        with pytest.raises(grpc.aio.AioRpcError) as silent:
+            [_ async for _ in generate(_scripted("first=4 tokens=1"), timeout=30)]
+        assert silent.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert silent.value.details() == ("nothing moved on this stream for 2 s, the public port's bound "
+                                          "(agentgw edge-config --stream-idle-s)")
+
+        # Slower than the bound in all (3 s), never silent for it: every message arrives.
+        assert len([m async for m in generate(_scripted("tokens=4 delay=1"), timeout=30)]) == 5
+
+
 async def test_the_edges_metrics_port_serves_its_prometheus_stats_and_nothing_else(tmp_path, gateway, inference,
                                                                                    retrieval, docs, pki):
     """--metrics: Envoy's counters for a scraper (the calls it forwarded, its retries, its health checks), and not

@@ -8,6 +8,7 @@ against vLLM elsewhere; this exists only to inject timings and faults.
 Script, through the request:
 - Generate: ``prompt`` = "tokens=N delay=S" streams N messages S seconds apart;
   "pad=B" adds B bytes to each message's text (to fill flow-control windows);
+  "first=S" waits S seconds before the first message (a backend silent that long);
   "call=NAME" ends with a call of tool NAME (finish reason TOOL_CALLS);
   "drop=N" ends the stream UNAVAILABLE after N messages (a replica lost mid-stream).
   With ``fail_generate`` every generation is refused UNAVAILABLE before its first
@@ -123,6 +124,7 @@ class ScriptedInference(inference_pb2_grpc.InferenceServicer):
             raise Unavailable("scripted replica refuses every generation")
         drop = int(_fields(script).get("drop", -1))
         try:
+            await asyncio.sleep(float(_fields(script).get("first", 0)))
             for index in range(tokens):
                 if index == drop:
                     raise Unavailable(f"scripted replica lost after {drop} messages")

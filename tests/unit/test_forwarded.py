@@ -107,9 +107,13 @@ def test_the_edge_bounds_its_connections_and_slow_clients(tmp_path):
     manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
     assert manager["request_headers_timeout"] == "10s"
     assert manager["http2_protocol_options"]["max_concurrent_streams"] == 100
+    assert manager["stream_idle_timeout"] == "60s"  # the gateway's AGW_GATEWAY_STREAM_SEND_TIMEOUT_S
     with pytest.raises(ValueError, match="--max-connections must be at least 1"):
         edge_config(tmp_path, tmp_path / "envoy.json", listen="0.0.0.0:50051", gateway="g:1", inference=["i:2"],
                     retrieval="r:3", max_connections=0)
+    with pytest.raises(ValueError, match="--stream-idle-s must be above 0 \\(got 0\\): every stream needs a bound"):
+        edge_config(tmp_path, tmp_path / "envoy.json", listen="0.0.0.0:50051", gateway="g:1", inference=["i:2"],
+                    retrieval="r:3", stream_idle_s=0)
 
 
 def test_the_edge_sends_calls_to_healthy_backends_only(tmp_path):
