@@ -77,6 +77,11 @@ CONNECTION_BUFFER_BYTES = 32 * 1024
 UPSTREAM_STREAM_WINDOW_BYTES = 256 * 1024
 #: How often the edge checks each backend host's gRPC health, seconds.
 DEFAULT_HEALTH_CHECK_S = 2.0
+#: Envoy's heap bound, MiB: three quarters of the Kubernetes component's 512 MiB limit, leaving room for what is
+#: not heap (code, stacks, what the allocator holds free). Near it the edge refuses new calls rather than be killed
+#: with every stream it holds (Envoy's edge best practices: the overload manager's heap actions). Envoy's own heap,
+#: idle, is about 7 MiB.
+DEFAULT_MAX_HEAP_MIB = 384
 #: A stream on which no frame has moved either way for this long is reset, and its backend call with it: a client
 #: that stopped reading frees its generation (the gateway's AGW_GATEWAY_STREAM_SEND_TIMEOUT_S for its own streams;
 #: Envoy's default, 5 minutes, held a stalled Generate's engine slot that long).
@@ -290,6 +295,18 @@ def _stream_idle_refusal(stream_idle_s: float) -> dict:
                          response_flag_filter={"flags": ["SI"]})
 
 
+#: Envoy's other refusals, each with its response flag (no healthy upstream, a failed connection, a circuit
+#: breaker): answered as Envoy words them (UNAVAILABLE, its reason). A mapper that matches and sets nothing
+#: ends the search for one.
+_ENVOYS_OWN_REFUSALS = {"filter": {"response_flag_filter": {}}}
+#: What is left of the 503s is the overload manager's refusal ("envoy overloaded", which sets no flag): UNAVAILABLE,
+#: which clients retry, naming the bound.
+_OVERLOAD_REFUSAL = _grpc_refusal(14, "the edge is near its memory bound (agentgw edge-config --max-heap-mib) and takes "
+                                      "no new calls; retry with backoff, or on another edge",
+                                  status_code_filter={"comparison": {"op": "EQ", "value": {
+                                      "default_value": 503, "runtime_key": "agw.edge.overloaded"}}})
+
+
 def _request_bound(max_request_bytes: int) -> tuple[dict, dict]:
     """The public port's bound on a request, for the methods the edge sends to a backend: the buffer filter and
     its refusal, RESOURCE_EXHAUSTED naming the bound (what gRPC answers on the gateway's own port).
@@ -333,7 +350,8 @@ def _connection_manager(max_request_bytes: int, inference_routing: str, stream_i
         "generate_request_id": False,
         "server_header_transformation": "PASS_THROUGH",
         "route_config": {"virtual_hosts": [{"name": "public", "domains": ["*"], "routes": _routes(inference_routing)}]},
-        "local_reply_config": {"mappers": [too_large, _stream_idle_refusal(stream_idle_s)]},
+        "local_reply_config": {"mappers": [too_large, _stream_idle_refusal(stream_idle_s), _ENVOYS_OWN_REFUSALS,
+                                            _OVERLOAD_REFUSAL]},
         # suppress_envoy_headers: no x-envoy-upstream-service-time (a backend's own time) in a client's answer.
         "http_filters": [buffer, {"name": "envoy.filters.http.router", "typed_config": {
             "@type": f"{_TYPES}.filters.http.router.v3.Router", "suppress_envoy_headers": True}}],
@@ -394,14 +412,32 @@ def _metrics_listener(address: str, admin: str) -> tuple[dict, dict]:
     return listener, cluster
 
 
-def _connection_bound(max_connections: int) -> dict:
-    """Envoy's overload manager, holding the client connections to ``max_connections`` across its workers."""
+_HEAP = "envoy.resource_monitors.fixed_heap"
+
+
+def _overload_manager(max_connections: int, max_heap_mib: int) -> dict:
+    """Envoy's overload manager: the client connections held to ``max_connections`` across its workers, and the
+    heap to ``max_heap_mib``, with the heap actions of Envoy's edge best practices: at 95% Envoy returns free
+    memory to the system, at 98% it refuses new requests UNAVAILABLE, naming the bound; the streams it holds go
+    on. (No connection is refused at accept: a refused request says why, a closed socket does not.)"""
     if max_connections < 1:
         raise ValueError(f"--max-connections must be at least 1 (got {max_connections})")
-    return {"resource_monitors": [{
-        "name": "envoy.resource_monitors.global_downstream_max_connections",
-        "typed_config": {"@type": f"{_TYPES}.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig",
-                         "max_active_downstream_connections": max_connections}}]}
+    if max_heap_mib < 1:
+        raise ValueError(f"--max-heap-mib must be at least 1 (got {max_heap_mib})")
+
+    def at(fraction: float) -> list[dict]:
+        return [{"name": _HEAP, "threshold": {"value": fraction}}]
+
+    return {"refresh_interval": "0.25s", "resource_monitors": [
+        {"name": "envoy.resource_monitors.global_downstream_max_connections",
+         "typed_config": {"@type": f"{_TYPES}.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig",
+                          "max_active_downstream_connections": max_connections}},
+        {"name": _HEAP, "typed_config": {"@type": f"{_TYPES}.resource_monitors.fixed_heap.v3.FixedHeapConfig",
+                                         "max_heap_size_bytes": max_heap_mib * 2**20}},
+    ], "actions": [
+        {"name": "envoy.overload_actions.shrink_heap", "triggers": at(0.95)},
+        {"name": "envoy.overload_actions.stop_accepting_requests", "triggers": at(0.98)},
+    ]}
 
 
 def _listener(listen: str, downstream_tls: dict, connection_manager: dict) -> dict:
@@ -427,7 +463,7 @@ def edge_config(tls_dir: Path, bootstrap_path: Path, *, listen: str, gateway: st
                 health_check_s: float = DEFAULT_HEALTH_CHECK_S, admin: str | None = None,
                 metrics: str | None = None, inference_routing: str = "affinity",
                 affinity_balance: int = DEFAULT_AFFINITY_BALANCE,
-                stream_idle_s: float = DEFAULT_STREAM_IDLE_S) -> EdgeConfig:
+                stream_idle_s: float = DEFAULT_STREAM_IDLE_S, max_heap_mib: int = DEFAULT_MAX_HEAP_MIB) -> EdgeConfig:
     """Envoy's config for the edge: ``listen`` (host:port) public, the three services behind it.
 
     ``inference``: the replicas' host:port (several: least requests). The
@@ -447,7 +483,8 @@ def edge_config(tls_dir: Path, bootstrap_path: Path, *, listen: str, gateway: st
     goes by least requests) or ``least_request`` (all by load).
     ``stream_idle_s``: a stream with no frame either way for that long is
     reset, and its backend call cancelled (a client that stopped reading, a
-    backend that sent nothing).
+    backend that sent nothing). ``max_heap_mib``: Envoy's heap bound, near
+    which it sheds new connections and requests (``_overload_manager``).
     """
     tls_dir, bootstrap_path = tls_dir.absolute(), bootstrap_path.absolute()
     files = IdentityFiles.of(tls_dir, EDGE)
@@ -461,7 +498,7 @@ def edge_config(tls_dir: Path, bootstrap_path: Path, *, listen: str, gateway: st
         "clusters": [_cluster(name, targets, files, bootstrap_path, trust_domain, keepalive_s,
                               _health(health_check_s, max_connections * MAX_STREAMS_PER_CONNECTION))
                      for name, targets in (("gateway", [gateway]), ("inference", inference), ("retrieval", [retrieval]))],
-    }, "overload_manager": _connection_bound(max_connections)}
+    }, "overload_manager": _overload_manager(max_connections, max_heap_mib)}
     if affine is not None:
         bootstrap["static_resources"]["clusters"].append(_cluster(
             AFFINE_INFERENCE, inference, files, bootstrap_path, trust_domain, keepalive_s,

@@ -14,6 +14,7 @@ from agentgw.edge import (
     DEFAULT_AFFINITY_BALANCE,
     DEFAULT_HEALTH_CHECK_S,
     DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_HEAP_MIB,
     DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_STREAM_IDLE_S,
     EDGE,
@@ -44,6 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--health-check-s", type=float, default=DEFAULT_HEALTH_CHECK_S,
                         help="how often each backend host's gRPC health is checked; a host not SERVING gets no calls "
                              f"(default {DEFAULT_HEALTH_CHECK_S:g}; 0: never)")
+    parser.add_argument("--max-heap-mib", type=int, default=DEFAULT_MAX_HEAP_MIB,
+                        help="Envoy's heap bound: at 95%% it returns free memory to the system, at 98%% it refuses new "
+                             "calls UNAVAILABLE, naming this bound, while the streams it holds go on; keep it about "
+                             f"three quarters of the container's memory limit (default {DEFAULT_MAX_HEAP_MIB})")
     parser.add_argument("--stream-idle-s", type=float, default=DEFAULT_STREAM_IDLE_S,
                         help="a stream on which nothing moved either way for this long is reset, and its backend call "
                              "ended: a client that stopped reading frees its generation (default "
@@ -74,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
                              max_request_bytes=args.max_request_bytes, max_connections=args.max_connections,
                              health_check_s=args.health_check_s, admin=args.admin,
                              metrics=args.metrics, inference_routing=args.inference_routing,
-                             affinity_balance=args.affinity_balance, stream_idle_s=args.stream_idle_s)
+                             affinity_balance=args.affinity_balance, stream_idle_s=args.stream_idle_s,
+                             max_heap_mib=args.max_heap_mib)
     except ValueError as exc:
         print(f"agentgw edge-config: {exc}", file=sys.stderr)
         return 2

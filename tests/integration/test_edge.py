@@ -530,6 +530,42 @@ async def test_a_stream_nothing_moves_on_is_reset_and_its_backend_call_ended(tmp
         assert len([m async for m in generate(_scripted("tokens=4 delay=1"), timeout=30)]) == 5
 
 
+async def test_an_edge_over_its_heap_bound_refuses_new_calls_naming_it(tmp_path, gateway, inference, retrieval, pki):
+    """--max-heap-mib below Envoy's own idle heap (about 7 MiB): once the overload manager has looked (every
+    0.25 s), a call is refused UNAVAILABLE naming the bound; Envoy's other refusals keep their own words."""
+    from agentgw.edge_process import EdgeProcess
+    from tests.support.servers import free_port
+
+    port = free_port()
+    edge = EdgeProcess(tmp_path / "small", pki.root, listen=f"127.0.0.1:{port}", gateway=f"127.0.0.1:{gateway.port}",
+                       inference=[f"127.0.0.1:{inference.port}"], retrieval=f"127.0.0.1:{retrieval.port}",
+                       max_heap_mib=4)
+    try:
+        refused = None
+        async with mtls_channel(port, pki.root, identity="tenant/dev") as channel:
+            for _ in range(100):  # until Envoy listens and its overload manager has looked
+                try:
+                    await raw_multicallable(channel, RETRIEVE)(_retrieve(), timeout=5)
+                except grpc.aio.AioRpcError as error:
+                    refused = error
+                    if "memory" in error.details():
+                        break
+                await asyncio.sleep(0.1)
+        assert refused is not None, "every call was answered"
+        assert refused.code() == grpc.StatusCode.UNAVAILABLE
+        assert refused.details() == ("the edge is near its memory bound (agentgw edge-config --max-heap-mib) and takes "
+                                     "no new calls; retry with backoff, or on another edge")
+    finally:
+        await asyncio.to_thread(edge.stop)
+
+    nothing = free_port()  # a retrieval address nothing listens on: Envoy's own words stay
+    async with edge_proxy(tmp_path / "unreachable", pki.root, gateway_port=gateway.port,
+                          inference_ports=[inference.port], retrieval_port=nothing) as port:
+        refused = await _refusal(port, pki, "tenant/dev")
+    assert refused.code() == grpc.StatusCode.UNAVAILABLE
+    assert refused.details() == "no healthy upstream"
+
+
 async def test_the_edges_metrics_port_serves_its_prometheus_stats_and_nothing_else(tmp_path, gateway, inference,
                                                                                    retrieval, docs, pki):
     """--metrics: Envoy's counters for a scraper (the calls it forwarded, its retries, its health checks), and not

@@ -99,9 +99,13 @@ def test_the_edges_admin_interface_listens_on_loopback_only(tmp_path):
 def test_the_edge_bounds_its_connections_and_slow_clients(tmp_path):
     bootstrap = edge_config(tmp_path, tmp_path / "envoy.json", listen="0.0.0.0:50051", gateway="g:1", inference=["i:2"],
                             retrieval="r:3", max_connections=100).bootstrap
-    [monitor] = bootstrap["overload_manager"]["resource_monitors"]
-    assert monitor["name"] == "envoy.resource_monitors.global_downstream_max_connections"
-    assert monitor["typed_config"]["max_active_downstream_connections"] == 100
+    overload = bootstrap["overload_manager"]
+    connections, heap = overload["resource_monitors"]
+    assert connections["name"] == "envoy.resource_monitors.global_downstream_max_connections"
+    assert connections["typed_config"]["max_active_downstream_connections"] == 100
+    assert heap["typed_config"]["max_heap_size_bytes"] == 384 * 2**20  # three quarters of deploy/k8s's 512 MiB
+    assert {a["name"]: a["triggers"][0]["threshold"]["value"] for a in overload["actions"]} == {
+        "envoy.overload_actions.shrink_heap": 0.95, "envoy.overload_actions.stop_accepting_requests": 0.98}
     [listener] = bootstrap["static_resources"]["listeners"]
     assert listener["filter_chains"][0]["transport_socket_connect_timeout"] == "10s"  # the handshake
     manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
@@ -111,6 +115,9 @@ def test_the_edge_bounds_its_connections_and_slow_clients(tmp_path):
     with pytest.raises(ValueError, match="--max-connections must be at least 1"):
         edge_config(tmp_path, tmp_path / "envoy.json", listen="0.0.0.0:50051", gateway="g:1", inference=["i:2"],
                     retrieval="r:3", max_connections=0)
+    with pytest.raises(ValueError, match="--max-heap-mib must be at least 1 \\(got 0\\)"):
+        edge_config(tmp_path, tmp_path / "envoy.json", listen="0.0.0.0:50051", gateway="g:1", inference=["i:2"],
+                    retrieval="r:3", max_heap_mib=0)
     with pytest.raises(ValueError, match="--stream-idle-s must be above 0 \\(got 0\\): every stream needs a bound"):
         edge_config(tmp_path, tmp_path / "envoy.json", listen="0.0.0.0:50051", gateway="g:1", inference=["i:2"],
                     retrieval="r:3", stream_idle_s=0)
