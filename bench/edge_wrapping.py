@@ -27,18 +27,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from harness import command_line, dev_pki, scratch_dir
+from harness import (add_serve_arguments, child_servers, command_line, dev_pki, echo_handler,
+                     process_threads_cpu_s, scratch_dir, serve_mtls, served_as_child)
 
-from servicekit.procfs import thread_cpu_s
 from servicekit.tls import ClientTls
-from tests.support.servers import free_port
 
 SHAPES = ("none", "interceptor", "per-call", "once")
 
@@ -88,20 +86,9 @@ async def _check(request, context):
 async def _serve(shape: str, port: int, tls: Path) -> None:
     interceptors = {"interceptor": [_Lookup()], "per-call": [_PerCall()]}.get(shape)
     server = grpc.aio.server(interceptors=interceptors)
-    check = grpc.unary_unary_rpc_method_handler(_check, request_deserializer=health_pb2.HealthCheckRequest.FromString,
-                                                response_serializer=health_pb2.HealthCheckResponse.SerializeToString)
-    handler = grpc.method_handlers_generic_handler("grpc.health.v1.Health", {"Check": check})
+    handler = echo_handler("grpc.health.v1.Health", _check)
     server.add_generic_rpc_handlers([_Once(handler) if shape == "once" else handler])
-    folder = tls / "service" / "retrieval"
-    credentials = grpc.ssl_server_credentials([((folder / "key.pem").read_bytes(), (folder / "cert.pem").read_bytes())],
-                                              root_certificates=(tls / "ca.pem").read_bytes(), require_client_auth=True)
-    server.add_secure_port(f"127.0.0.1:{port}", credentials)
-    await server.start()
-    await server.wait_for_termination()
-
-
-def _cpu_s(pid: int) -> float:
-    return sum(thread_cpu_s(pid).values())
+    await serve_mtls(server, port, tls)
 
 
 async def _measure(tls: Path, ports: dict[str, int], pids: dict[str, int], rounds: int,
@@ -118,12 +105,12 @@ async def _measure(tls: Path, ports: dict[str, int], pids: dict[str, int], round
     cpu_us: dict[str, list[float]] = {shape: [] for shape in ports}
     for index in range(rounds):
         for shape in SHAPES[index % len(SHAPES):] + SHAPES[:index % len(SHAPES)]:
-            latencies, used = [], _cpu_s(pids[shape])
+            latencies, used = [], process_threads_cpu_s(pids[shape])
             for _ in range(calls):
                 started = time.perf_counter()
                 await stubs[shape](request, timeout=10)
                 latencies.append((time.perf_counter() - started) * 1e6)
-            cpu_us[shape].append((_cpu_s(pids[shape]) - used) / calls * 1e6)
+            cpu_us[shape].append((process_threads_cpu_s(pids[shape]) - used) / calls * 1e6)
             p50s[shape].append(statistics.median(latencies))
     for channel in channels.values():
         await channel.close()
@@ -134,26 +121,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=8, help="rounds; each calls every server in turn")
     parser.add_argument("--calls", type=int, default=2000, help="calls per server and round, one at a time")
-    parser.add_argument("--serve", choices=SHAPES, help=argparse.SUPPRESS)  # a server process of this bench
-    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--tls", type=Path, help=argparse.SUPPRESS)
+    add_serve_arguments(parser, SHAPES)
     args = parser.parse_args()
-    if args.serve:
-        import uvloop
-
-        uvloop.run(_serve(args.serve, args.port, args.tls))
+    if served_as_child(args, _serve):
         return 0
     tls = dev_pki(scratch_dir("edge-wrapping"))
-    ports = {shape: free_port() for shape in SHAPES}
-    servers = {shape: subprocess.Popen([sys.executable, __file__, "--serve", shape, "--port", str(port),
-                                        "--tls", str(tls)]) for shape, port in ports.items()}
-    try:
-        p50s, cpu_us = asyncio.run(_measure(tls, ports, {s: p.pid for s, p in servers.items()}, args.rounds,
-                                            args.calls))
-    finally:
-        for server in servers.values():
-            server.terminate()
-            server.wait()
+    with child_servers(__file__, SHAPES, tls) as (ports, pids):
+        p50s, cpu_us = asyncio.run(_measure(tls, ports, pids, args.rounds, args.calls))
     print(f"\nc=1, {args.calls} calls per server and round, {args.rounds} rounds; medians of the rounds")
     print(f"{'shape':12} {'p50 us':>8} {'vs none':>8} {'cpu us/call':>12} {'vs none':>8}")
     for shape in SHAPES:

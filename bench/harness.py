@@ -102,6 +102,69 @@ def scratch_dir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"agw-bench-{prefix}-"))
 
 
+def add_serve_arguments(parser: argparse.ArgumentParser, kinds: Sequence[str]) -> None:
+    """The hidden arguments with which a bench runs one of its own servers in a child (:func:`child_servers`)."""
+    parser.add_argument("--serve", choices=kinds, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--tls", type=Path, help=argparse.SUPPRESS)
+
+
+def served_as_child(args: argparse.Namespace, serve) -> bool:
+    """Whether this process is one of :func:`child_servers`' children; if so, ``serve(kind, port, tls)`` has run
+    on uvloop until the process was stopped."""
+    if not args.serve:
+        return False
+    import uvloop
+
+    uvloop.run(serve(args.serve, args.port, args.tls))
+    return True
+
+
+@contextmanager
+def child_servers(script: str, kinds: Sequence[str], tls: Path) -> Iterator[tuple[dict[str, int], dict[str, int]]]:
+    """One process per server kind, each ``script --serve KIND --port PORT --tls TLS``; yields their ports and
+    pids, each by kind, and stops them on the way out."""
+    from tests.support.servers import free_port
+
+    ports = {kind: free_port() for kind in kinds}
+    processes = {kind: subprocess.Popen([sys.executable, script, "--serve", kind, "--port", str(port),
+                                         "--tls", str(tls)]) for kind, port in ports.items()}
+    try:
+        yield ports, {kind: process.pid for kind, process in processes.items()}
+    finally:
+        for process in processes.values():
+            process.terminate()
+            process.wait()
+
+
+def echo_handler(service: str, behavior):
+    """A generic handler serving ``behavior`` as ``/<service>/Check``, in health's Check messages (an echo server's
+    one method, for the benches that measure a server's own cost per call)."""
+    import grpc
+    from grpc_health.v1 import health_pb2
+
+    check = grpc.unary_unary_rpc_method_handler(behavior, request_deserializer=health_pb2.HealthCheckRequest.FromString,
+                                                response_serializer=health_pb2.HealthCheckResponse.SerializeToString)
+    return grpc.method_handlers_generic_handler(service, {"Check": check})
+
+
+async def serve_mtls(server, port: int, tls: Path) -> None:
+    """Run the grpc.aio ``server`` on loopback ``port`` with the dev PKI's retrieval identity, mTLS, until stopped."""
+    import grpc
+
+    folder = tls / "service" / "retrieval"
+    credentials = grpc.ssl_server_credentials([((folder / "key.pem").read_bytes(), (folder / "cert.pem").read_bytes())],
+                                              root_certificates=(tls / "ca.pem").read_bytes(), require_client_auth=True)
+    server.add_secure_port(f"127.0.0.1:{port}", credentials)
+    await server.start()
+    await server.wait_for_termination()
+
+
+def process_threads_cpu_s(pid: int) -> float:
+    """Every thread's on-CPU time of process ``pid`` (schedstat), seconds."""
+    return sum(thread_cpu_s(pid).values())
+
+
 def dev_pki(root: Path, tenants: tuple[str, ...] = ("dev",)) -> Path:
     """A dev CA, server certificate and a client certificate per tenant under ``root/tls``."""
     from agentgw.pki import ensure_dev_pki

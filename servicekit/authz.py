@@ -41,6 +41,7 @@ from pathlib import Path
 
 from cryptography import x509
 
+from servicekit.call_metadata import call_metadata
 from servicekit.errors import PermissionDenied, Unauthenticated
 from servicekit.forwarded import XFCC_HEADER, forwarded_certificate
 from servicekit.identity import SERVICE_NAMES, Identity, check_identity_pattern
@@ -236,7 +237,7 @@ class Authorizer:
 
     def _forwarded_peer(self, context, edge: Peer) -> Peer:
         """The client an edge verified and forwarded (``x-forwarded-client-cert``), read once per header value."""
-        values = [value for key, value in context.invocation_metadata() or () if key == XFCC_HEADER]
+        values = [value for key, value in call_metadata(context) if key == XFCC_HEADER]
         if len(values) != 1:
             raise Unauthenticated(f"the edge {edge.identity} forwarded {len(values)} {XFCC_HEADER} headers; "
                                   "exactly one is needed (configure it with `agentgw edge-config`)")

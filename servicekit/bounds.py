@@ -19,6 +19,7 @@ from collections.abc import Sized
 from agent.gateway.v1 import gateway_pb2 as pb
 from agent.inference.v1 import inference_pb2
 from agent.retrieval.v1 import retrieval_pb2
+from servicekit.call_metadata import call_metadata
 from servicekit.errors import InvalidArgument
 from servicekit.json_schema import parse_schema
 from servicekit.public_api import AFFINITY_HEADER, PublicApiSettings
@@ -65,7 +66,7 @@ class Bounds:
     def affinity(self, context) -> str:
         """The call's ``x-agw-affinity`` key (servicekit.public_api.AFFINITY_HEADER), bounded like an identifier;
         empty without one."""
-        for key, value in context.invocation_metadata() or ():
+        for key, value in call_metadata(context):
             if key == AFFINITY_HEADER:
                 self._limit(f"{AFFINITY_HEADER} header", len(value), "max_key_chars", "characters")
                 return value

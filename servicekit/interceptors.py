@@ -30,6 +30,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
 from servicekit.authz import Authorizer
+from servicekit.call_metadata import call_metadata, keep
 from servicekit.errors import (Internal, InvalidArgument, ServiceError, Unavailable, Unimplemented, quote_error_id,
                                trailing_metadata)
 from servicekit.metrics import meter
@@ -81,14 +82,14 @@ class _ServerSpan:
 
     def __init__(self, method: str, context, client_trace: str | None = None,
                  unrecorded: UnrecordedServerSpans | None = None) -> None:
-        span = unrecorded.start(context.invocation_metadata()) if unrecorded is not None else None
+        span = unrecorded.start(call_metadata(context)) if unrecorded is not None else None
         if span is not None:  # this process records no span: the one the SDK would make, without it
             self.span, parent = span, Context()
         else:
             if client_trace is None:  # our own services call us: their context, baggage and sampling stand
-                parent, links = extract_context(context.invocation_metadata()), []
+                parent, links = extract_context(call_metadata(context)), []
             else:  # a caller outside the deployment: telemetry.client_context says what is kept
-                parent, links = client_context(context.invocation_metadata(), client_trace)
+                parent, links = client_context(call_metadata(context), client_trace)
             self.span = _TRACER.start_span(method.lstrip("/"), context=parent, kind=trace.SpanKind.SERVER,
                                            links=links, attributes={"rpc.system": "grpc", "rpc.method": method})
         self._token = otel_context.attach(trace.set_span_in_context(self.span, parent))
@@ -327,6 +328,7 @@ class _WrappedOnce(grpc.GenericRpcHandler):
         self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
 
     def service(self, handler_call_details):
+        keep(handler_call_details.invocation_metadata)  # built for this lookup: the call reads it, not a new one
         method = handler_call_details.method
         handler = self._wrapped.get(method)
         if handler is None:
