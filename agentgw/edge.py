@@ -301,8 +301,8 @@ def _stream_idle_refusal(stream_idle_s: float) -> dict:
 _ENVOYS_OWN_REFUSALS = {"filter": {"response_flag_filter": {}}}
 #: What is left of the 503s is the overload manager's refusal ("envoy overloaded", which sets no flag): UNAVAILABLE,
 #: which clients retry, naming the bound.
-_OVERLOAD_REFUSAL = _grpc_refusal(14, "the edge is near its memory bound (agentgw edge-config --max-heap-mib) and takes "
-                                      "no new calls; retry with backoff, or on another edge",
+_OVERLOAD_REFUSAL = _grpc_refusal(14, "the edge is near its memory bound (agentgw edge-config --max-heap-mib) and "
+                                      "takes no new calls; retry with backoff, or on another edge",
                                   status_code_filter={"comparison": {"op": "EQ", "value": {
                                       "default_value": 503, "runtime_key": "agw.edge.overloaded"}}})
 

@@ -25,7 +25,8 @@ one line per problem, and exits 1 if there are any. What it holds them to:
   gateway's pods only (and the edge's, where there is one);
 - an edge (``components/edge``: Envoy, with the bootstrap an ``agentgw
   edge-config`` init container writes) runs that bootstrap from the path it
-  was written at, mounts exactly ``/tls/service/edge`` from the edge's
+  was written at, keeps its heap bound (``--max-heap-mib``) within 80% of
+  its memory limit, mounts exactly ``/tls/service/edge`` from the edge's
   Certificate, reaches each service through a headless Service selecting its
   pods on its port, is the only way into the gateway's port, and is believed
   by every service of ours (``AGW_<SERVICE>_EDGE_CLIENTS``), or the backends
@@ -45,6 +46,7 @@ import yaml
 from agentgw.composecheck import (EDGE_CONFIG_COMMAND, EDGE_IMAGE, SETTINGS, _pinned, _settings_class,
                                   drain_problems, option, unbelieved_edge,
                                   unexposed_listeners)
+from agentgw.edge import DEFAULT_MAX_HEAP_MIB
 from servicekit.identity import DEFAULT_TRUST_DOMAIN
 from servicekit.settings import environment_names
 
@@ -349,10 +351,27 @@ def _check_edge(where, doc, container, services, docs, certificates) -> list[str
                for target in (option(args, f"--{name}") or "").split(",")]
     problems += _check_reached(where, targets, services, docs, headless=True)
     problems += _check_edge_drain(where, pod, container, option(args, "--admin"))
+    problems += _check_edge_heap(where, container, option(args, "--max-heap-mib"))
     problems += [problem for other in docs for ours in _containers(other) if _served(ours)
                  for problem in [unbelieved_edge(f"{other['kind']}/{other['metadata']['name']}/{ours['name']}",
                                                  _served(ours), _env(ours))] if problem]
     return problems
+
+
+#: The most of the edge container's memory limit its heap bound may take: Envoy's RSS is its heap plus code, stacks
+#: and what the allocator holds free, and the bound must trip before the kernel's OOM killer does.
+EDGE_HEAP_SHARE = Fraction(4, 5)
+
+
+def _check_edge_heap(where, container, max_heap_mib: str | None) -> list[str]:
+    """Envoy's heap bound (``--max-heap-mib``, agentgw.edge) sits under the container's memory limit with room."""
+    limit = _quantity(((container.get("resources") or {}).get("limits") or {}).get("memory"))
+    heap = Fraction(int(max_heap_mib or DEFAULT_MAX_HEAP_MIB)) * 2**20
+    if limit is not None and heap > EDGE_HEAP_SHARE * limit:
+        return [f"{where}: --max-heap-mib {int(heap / 2**20)} is over {float(EDGE_HEAP_SHARE) * 100:.0f}% of the "
+                f"container's memory limit ({container['resources']['limits']['memory']}): it would be OOM-killed "
+                "with every stream before Envoy refused a call; keep the bound about three quarters of the limit"]
+    return []
 
 
 def _check_edge_drain(where, pod, container, admin: str | None) -> list[str]:

@@ -194,6 +194,10 @@ def test_the_edge_init_containers_arguments_make_a_bootstrap_envoy_accepts(with_
     (lambda d: _edge_pod(d)["containers"][0]["volumeMounts"][1].update(mountPath="/config"),
      "mount its volume at the same path"),
     (lambda d: _edge_pod(d)["initContainers"].clear(), "no init container runs 'edge-config'"),
+    (lambda d: _set(_edge_job_args(d), "--max-heap-mib", "480"),
+     "--max-heap-mib 480 is over 80% of the container's memory limit (512Mi): it would be OOM-killed"),
+    (lambda d: _drop(_edge_job_args(d), "--max-heap-mib") or _edge_pod(d)["containers"][0]["resources"]["limits"]
+     .update(memory="256Mi"), "--max-heap-mib 384 is over 80% of the container's memory limit (256Mi)"),
     (lambda d: _find(d, "Certificate", "agw-edge")["spec"].update(uris=["spiffe://agentgw.local/service/gateway"]),
      "not ['spiffe://agentgw.local/service/edge']"),
     (lambda d: _edge_pod(d)["containers"][0]["volumeMounts"][0].update(mountPath="/tls"),
