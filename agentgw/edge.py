@@ -484,7 +484,7 @@ def edge_config(tls_dir: Path, bootstrap_path: Path, *, listen: str, gateway: st
     ``stream_idle_s``: a stream with no frame either way for that long is
     reset, and its backend call cancelled (a client that stopped reading, a
     backend that sent nothing). ``max_heap_mib``: Envoy's heap bound, near
-    which it sheds new connections and requests (``_overload_manager``).
+    which it refuses new calls (``_overload_manager``).
     """
     tls_dir, bootstrap_path = tls_dir.absolute(), bootstrap_path.absolute()
     files = IdentityFiles.of(tls_dir, EDGE)
