@@ -32,9 +32,14 @@ median p50 and its paired difference from the plain Envoy:
 Next to each path's latency it reports the retrieval process's CPU per call
 (every thread's on-CPU time from ``/proc/<pid>/task/*/schedstat``, in
 nanoseconds, summed over the rounds): what the backend's own work per call
-costs, with less of the host's noise than a latency.
+costs, with less of the host's noise than a latency; and the same of the
+path's proxy (its Envoy, every worker), which shares the host's cores with
+the backend. ``--concurrency 64`` runs each path's calls 64 at a time, as
+the issue's c=64 throughput goal does, and the calls/s column (each round's
+calls over its wall time, the median of the rounds, and its ratio to
+direct) says what the per-call CPU of each step costs in throughput.
 
-    python bench/edge_unary_paths.py [--rounds 8] [--calls 300]
+    python bench/edge_unary_paths.py [--rounds 8] [--calls 300] [--concurrency 1]
 """
 
 from __future__ import annotations
@@ -47,10 +52,11 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from harness import dev_pki, retrieval_process, scratch_dir
+from harness import UNBOUNDED_ADMISSION, dev_pki, retrieval_process, scratch_dir
 
 from agent.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from agent.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
@@ -62,6 +68,10 @@ from servicekit.forwarded import XFCC_HEADER
 from servicekit.procfs import thread_cpu_s
 from servicekit.tenancy import physical_collection
 from tests.support.servers import free_port
+
+
+#: The paths through a proxy, in the order their proxies start.
+PROXIED = ("envoy", "envoy-lean", "edge", "edge-nobuffer", "edge-nostrip")
 
 
 def start_envoy(workdir: Path, bootstrap: dict) -> subprocess.Popen:
@@ -120,10 +130,36 @@ def process_cpu_s(pid: int) -> float:
     return sum(thread_cpu_s(pid).values())
 
 
-async def measure(tls: Path, ports: dict[str, int], rounds: int, calls: int,
-                  backend_pid: int) -> tuple[dict[str, list[float]], dict[str, float]]:
-    """Each round: ``calls`` calls at c=1 on each path in turn; per path, each round's p50 (ms), and the
-    backend process's CPU per call over all rounds (µs)."""
+@dataclass
+class Measured:
+    """Per path: each round's p50 (ms) and calls/s, and the CPU per call over all rounds (µs) of the backend
+    process and of the path's proxy (paths through one)."""
+
+    p50s: dict[str, list[float]]
+    rates: dict[str, list[float]]
+    retrieval_cpu_us: dict[str, float]
+    proxy_cpu_us: dict[str, float]
+
+
+async def one_round(call, calls: int, concurrency: int) -> tuple[list[float], float]:
+    """``calls`` calls, ``concurrency`` at a time; each call's latency (ms), and the round's wall time (s)."""
+    latencies: list[float] = []
+
+    async def caller(count: int) -> None:
+        for _ in range(count):
+            started = time.perf_counter()
+            await call()
+            latencies.append((time.perf_counter() - started) * 1000)
+
+    began = time.perf_counter()
+    await asyncio.gather(*(caller(calls // concurrency + (i < calls % concurrency)) for i in range(concurrency)))
+    return latencies, time.perf_counter() - began
+
+
+async def measure(tls: Path, ports: dict[str, int], rounds: int, calls: int, concurrency: int, backend_pid: int,
+                  proxy_pids: dict[str, int]) -> Measured:
+    """Each round: ``calls`` calls, ``concurrency`` at a time, on each path in turn; the backend's and each path's
+    proxy's (``proxy_pids``, by path) CPU is read around each path's calls."""
     def channel(port: int, identity: str):
         return open_channel(ChannelSpec(target=f"127.0.0.1:{port}", tls=ClientTls.for_identity(tls, identity)))
 
@@ -161,7 +197,9 @@ async def measure(tls: Path, ports: dict[str, int], rounds: int, calls: int,
         "direct-xfcc-uri": lambda: searches["direct"](search, timeout=10, metadata=uri_only),
     }
     p50s: dict[str, list[float]] = {name: [] for name in paths}
+    rates: dict[str, list[float]] = {name: [] for name in paths}
     cpu_s = dict.fromkeys(paths, 0.0)
+    proxy_cpu_s = dict.fromkeys(proxy_pids, 0.0)
     for call in paths.values():  # warm every path
         for _ in range(100):
             await call()
@@ -170,35 +208,54 @@ async def measure(tls: Path, ports: dict[str, int], rounds: int, calls: int,
         # The paths' order rotates from round to round (as in gateway_overhead.py): no path always follows the
         # same one, whose wake-ups and cache state it would inherit.
         for name in names[index % len(names):] + names[:index % len(names)]:
-            call = paths[name]
-            latencies = []
             used = process_cpu_s(backend_pid)
-            for _ in range(calls):
-                started = time.perf_counter()
-                await call()
-                latencies.append((time.perf_counter() - started) * 1000)
+            proxy_used = process_cpu_s(proxy_pids[name]) if name in proxy_pids else 0.0
+            latencies, elapsed_s = await one_round(paths[name], calls, concurrency)
             cpu_s[name] += process_cpu_s(backend_pid) - used
+            if name in proxy_pids:
+                proxy_cpu_s[name] += process_cpu_s(proxy_pids[name]) - proxy_used
             p50s[name].append(statistics.median(latencies))
+            rates[name].append(calls / elapsed_s)
         print(f"round {index + 1}: " + ", ".join(f"{name} {values[-1]:.3f}" for name, values in p50s.items()),
               flush=True)
     for ch in channels.values():
         await ch.close()
-    return p50s, {name: seconds / (rounds * calls) * 1e6 for name, seconds in cpu_s.items()}
+    def per_call_us(seconds: dict[str, float]) -> dict[str, float]:
+        return {name: total / (rounds * calls) * 1e6 for name, total in seconds.items()}
+    return Measured(p50s, rates, per_call_us(cpu_s), per_call_us(proxy_cpu_s))
+
+
+def report(measured: Measured, rounds: int, calls: int, concurrency: int) -> None:
+    p50s = measured.p50s
+    print(f"\nc={concurrency}, {calls} calls per path and round, {rounds} rounds; medians of the rounds' p50s and "
+          "calls/s; CPU per call over all rounds")
+    print(f"{'path':16} {'p50 ms':>8} {'added ms':>9} {'vs envoy, paired ms':>20} {'calls/s':>8} "
+          f"{'vs direct':>9} {'retrieval cpu us/call':>22} {'proxy cpu us/call':>18}")
+    direct_rate = statistics.median(measured.rates["direct"])
+    for name, values in p50s.items():
+        added = statistics.median(v - d for v, d in zip(values, p50s["direct"]))
+        paired = statistics.median(v - e for v, e in zip(values, p50s["envoy"]))
+        rate = statistics.median(measured.rates[name])
+        proxy = f"{measured.proxy_cpu_us[name]:18.1f}" if name in measured.proxy_cpu_us else f"{'':18}"
+        print(f"{name:16} {statistics.median(values):8.3f} {added:+9.3f} {paired:+20.3f} {rate:8.0f} "
+              f"{rate / direct_rate:9.0%} {measured.retrieval_cpu_us[name]:22.1f} {proxy}")
+    print(f"command: python bench/edge_unary_paths.py --rounds {rounds} --calls {calls} --concurrency {concurrency}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=8, help="rounds; each calls every path in turn")
-    parser.add_argument("--calls", type=int, default=300, help="calls per path and round, one at a time")
+    parser.add_argument("--calls", type=int, default=300, help="calls per path and round")
+    parser.add_argument("--concurrency", type=int, default=1, help="calls in flight at once on a path")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     root = scratch_dir("edge-unary")
     tls = dev_pki(root)
-    retrieval = retrieval_process(root, tls, "retrieval", AGW_RETRIEVAL_EDGE_CLIENTS="service/edge")
+    retrieval = retrieval_process(root, tls, "retrieval", AGW_RETRIEVAL_EDGE_CLIENTS="service/edge",
+                                  **UNBOUNDED_ADMISSION)
     proxies = []
     try:
-        ports = {"retrieval": retrieval.wait_serving(), **{name: free_port() for name in (
-            "envoy", "envoy-lean", "edge", "edge-nobuffer", "edge-nostrip")}}
+        ports = {"retrieval": retrieval.wait_serving(), **{name: free_port() for name in PROXIED}}
         proxies = [start_envoy(root / "envoy", envoy_config(tls, ports["envoy"], ports["retrieval"], 9)),
                    start_envoy(root / "envoy-lean",
                                lean(envoy_config(tls, ports["envoy-lean"], ports["retrieval"], 9))),
@@ -206,22 +263,17 @@ def main() -> int:
                    edge_variant(tls, root / "edge-nobuffer", ports["edge-nobuffer"], ports["retrieval"], buffer=False),
                    edge_variant(tls, root / "edge-nostrip", ports["edge-nostrip"], ports["retrieval"], strip=False)]
         asyncio.run(seed(tls, ports["retrieval"]))
-        p50s, cpu_us = asyncio.run(measure(tls, ports, args.rounds, args.calls, retrieval.pid))
+        measured = asyncio.run(measure(tls, ports, args.rounds, args.calls, args.concurrency, retrieval.pid,
+                                       dict(zip(PROXIED, (proxy.pid for proxy in proxies)))))
     finally:
         for proxy in proxies:
             proxy.terminate()
             proxy.wait()
         retrieval.stop()
-    print(f"\nc=1, {args.calls} calls per path and round, {args.rounds} rounds; medians of the rounds' p50s")
-    print(f"{'path':16} {'p50 ms':>8} {'added ms':>9} {'vs envoy, paired ms':>20} {'retrieval cpu us/call':>22}")
-    for name, values in p50s.items():
-        added = statistics.median(v - d for v, d in zip(values, p50s["direct"]))
-        paired = statistics.median(v - e for v, e in zip(values, p50s["envoy"]))
-        print(f"{name:16} {statistics.median(values):8.3f} {added:+9.3f} {paired:+20.3f} {cpu_us[name]:22.1f}")
-    print(f"command: python bench/edge_unary_paths.py --rounds {args.rounds} --calls {args.calls}")
+    report(measured, args.rounds, args.calls, args.concurrency)
     if args.json:
-        args.json.write_text(json.dumps({"rounds": args.rounds, "calls": args.calls, "p50s": p50s,
-                                         "retrieval_cpu_us_per_call": cpu_us}, indent=2))
+        args.json.write_text(json.dumps({"rounds": args.rounds, "calls": args.calls,
+                                         "concurrency": args.concurrency, **asdict(measured)}, indent=2))
     return 0
 
 
