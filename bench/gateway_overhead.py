@@ -13,7 +13,9 @@ at concurrency 1, 16 and 64, over two long-lived client connections per path
 (so two gateway workers, or two Envoy worker threads, share the load).
 Each level runs in rounds (`--rounds`, 8): a round runs every path back to
 back, their order rotating from round to round, and the added p50 against
-direct is the median of the rounds' paired differences. Reports p50/p99
+direct is the median of the rounds' paired differences. A unary round gives
+each worker at least 8 calls (``MIN_CALLS_PER_WORKER``), so that its
+throughput is a rate at that concurrency, not the drain of one burst. Reports p50/p99
 latency (over all rounds), throughput, the added p50, and the throughput
 ratio to direct; and the CPU each process spent per token
 forwarded (streams) or per call (unary), from /proc/<pid>/stat before and
@@ -188,9 +190,17 @@ async def run_level(calls, concurrency: int, total: int) -> tuple[list[float], f
     return latencies, total / (time.perf_counter() - started), messages
 
 
+#: The calls each worker makes in a round, at least: a unary round of one call per worker (64 calls at c=64, as
+#: ``--requests 400 --rounds 8`` gave until 2026-12-07) measures how long one burst takes to drain, its slowest
+#: call, not a rate; eight keep the level's 64 calls in flight most of the round. A stream round stays one
+#: stream per worker: 64 streams are one batch of the engine's, and eight would take the level minutes.
+MIN_CALLS_PER_WORKER = {"unary": 8, "stream": 1}
+
+
 async def run_levels(paths: dict[str, list], kind: str, total: int, meter: CpuMeter, connections: int,
                      rounds: int = 1) -> list[dict]:
-    """Every path at each level in ``CONCURRENCY``, in ``rounds`` rounds of at least ``concurrency`` calls each.
+    """Every path at each level in ``CONCURRENCY``, in ``rounds`` rounds of ``total / rounds`` calls each, but at
+    least ``MIN_CALLS_PER_WORKER[kind]`` per worker.
 
     A round runs every path back to back, in an order that rotates from
     round to round, so the host's drift and the engine's batching fall on
@@ -205,7 +215,7 @@ async def run_levels(paths: dict[str, list], kind: str, total: int, meter: CpuMe
     rows = []
     names = list(paths)
     for concurrency in CONCURRENCY:
-        per_round = max(concurrency, -(-total // rounds))  # a round keeps every worker busy
+        per_round = max(concurrency * MIN_CALLS_PER_WORKER[kind], -(-total // rounds))  # every worker busy
         runs = {name: {"latencies": [], "round_p50": [], "busy_s": 0.0, "seconds": 0.0, "messages": 0, "cpu_s": {}}
                 for name in names}
         for round_ in range(rounds):

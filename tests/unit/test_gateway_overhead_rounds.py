@@ -36,7 +36,7 @@ def test_each_round_runs_every_path_in_a_rotated_order_and_keeps_its_p50():
         return call
 
     paths = {path: [call_of(path), call_of(path)] for path in ("a", "b", "c")}
-    rows = asyncio.run(overhead.run_levels(paths, "unary", total=6, meter=Meter(), connections=2, rounds=3))
+    rows = asyncio.run(overhead.run_levels(paths, "unary", total=30, meter=Meter(), connections=2, rounds=3))
 
     blocks = [part for part in "".join(log).split(MARK) if part]
     warm_up, levels = blocks[:1], blocks[1:]
@@ -44,11 +44,29 @@ def test_each_round_runs_every_path_in_a_rotated_order_and_keeps_its_p50():
     assert len(levels) == 3 * 3 * len(overhead.CONCURRENCY)  # a block per path, round and level
     c1 = [block[0] for block in levels[:9]]
     assert c1 == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]  # the order rotates from round to round
-    assert all(len(block) == 2 for block in levels[:9])  # c=1: the 6 calls split into 3 rounds of 2
-    assert all(len(block) == 64 for block in levels[-9:])  # c=64: a round keeps all 64 workers busy
+    assert all(len(block) == 10 for block in levels[:9])  # c=1: the 30 calls split into 3 rounds of 10
+    # c=64: a round keeps all 64 workers busy for 8 calls each (one each measured a burst's drain, not a rate)
+    assert all(len(block) == 64 * 8 for block in levels[-9:])
 
     for row in rows:
-        per_round = max(row["concurrency"], 2)
+        per_round = max(row["concurrency"] * 8, 10)
         assert row["rounds"] == 3 and len(row["round_p50"]) == 3
         assert row["calls"] == row["messages"] == 3 * per_round
         assert row["cpu_s"]["proxy"] == 3.0  # summed over the path's three blocks
+
+
+def test_a_unary_round_gives_every_worker_eight_calls_and_a_stream_round_one():
+    """One unary call per worker (64 at c=64) timed a burst's drain, its slowest call, not a rate."""
+    overhead = import_bench("gateway_overhead")
+
+    class Meter:
+        def sample(self) -> dict[str, float]:
+            return {}
+
+    async def call() -> int:
+        await asyncio.sleep(0)
+        return 1
+
+    for kind, floor in (("unary", 8), ("stream", 1)):
+        rows = asyncio.run(overhead.run_levels({"a": [call]}, kind, total=6, meter=Meter(), connections=1, rounds=3))
+        assert [row["calls"] for row in rows] == [3 * max(c * floor, 2) for c in overhead.CONCURRENCY], kind
