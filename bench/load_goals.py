@@ -26,7 +26,10 @@ passthrough instead). Envoy is the plain proxy of the backends' own methods,
 measured in the same run. A passthrough path's added p50 (over direct, or
 over Envoy for the c=1 goal) is the median of the run's rounds' paired
 differences (``harness.added_p50``); a run of one round (every run before
-2026-12-06 08:00 UTC) is judged on the difference of its p50s.
+2026-12-06 08:00 UTC) is judged on the difference of its p50s. The unary
+c=64 throughput is a rate since 2026-12-07 08:30 UTC: before, each round at
+c=64 was 64 calls, one per worker, and timed a burst's drain
+(``gateway_overhead.MIN_CALLS_PER_WORKER``).
 
 `--export-traces all|RATIO` runs both benches with every service of ours
 exporting its traces (all, or that ratio of them) to a sink that counts
