@@ -51,7 +51,6 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -62,7 +61,7 @@ from agent.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from agent.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from agentgw.edge import edge_config
 from agentgw.edge_process import envoy_binary
-from gateway_overhead import COLLECTION, DIM, envoy_config
+from gateway_overhead import COLLECTION, DIM, envoy_config, run_level
 from servicekit import ChannelSpec, ClientTls, open_channel, wait_ready
 from servicekit.forwarded import XFCC_HEADER
 from servicekit.procfs import thread_cpu_s
@@ -141,19 +140,10 @@ class Measured:
     proxy_cpu_us: dict[str, float]
 
 
-async def one_round(call, calls: int, concurrency: int) -> tuple[list[float], float]:
-    """``calls`` calls, ``concurrency`` at a time; each call's latency (ms), and the round's wall time (s)."""
-    latencies: list[float] = []
-
-    async def caller(count: int) -> None:
-        for _ in range(count):
-            started = time.perf_counter()
-            await call()
-            latencies.append((time.perf_counter() - started) * 1000)
-
-    began = time.perf_counter()
-    await asyncio.gather(*(caller(calls // concurrency + (i < calls % concurrency)) for i in range(concurrency)))
-    return latencies, time.perf_counter() - began
+async def _one(answer) -> int:
+    """A unary call awaited, counted as one message (``gateway_overhead.run_level`` counts what it reads)."""
+    await answer
+    return 1
 
 
 async def measure(tls: Path, ports: dict[str, int], rounds: int, calls: int, concurrency: int, backend_pid: int,
@@ -200,6 +190,7 @@ async def measure(tls: Path, ports: dict[str, int], rounds: int, calls: int, con
     rates: dict[str, list[float]] = {name: [] for name in paths}
     cpu_s = dict.fromkeys(paths, 0.0)
     proxy_cpu_s = dict.fromkeys(proxy_pids, 0.0)
+    counted = {name: (lambda call: lambda: _one(call()))(call) for name, call in paths.items()}
     for call in paths.values():  # warm every path
         for _ in range(100):
             await call()
@@ -210,16 +201,17 @@ async def measure(tls: Path, ports: dict[str, int], rounds: int, calls: int, con
         for name in names[index % len(names):] + names[:index % len(names)]:
             used = process_cpu_s(backend_pid)
             proxy_used = process_cpu_s(proxy_pids[name]) if name in proxy_pids else 0.0
-            latencies, elapsed_s = await one_round(paths[name], calls, concurrency)
+            latencies, rate, _ = await run_level([counted[name]], concurrency, calls)
             cpu_s[name] += process_cpu_s(backend_pid) - used
             if name in proxy_pids:
                 proxy_cpu_s[name] += process_cpu_s(proxy_pids[name]) - proxy_used
             p50s[name].append(statistics.median(latencies))
-            rates[name].append(calls / elapsed_s)
+            rates[name].append(rate)
         print(f"round {index + 1}: " + ", ".join(f"{name} {values[-1]:.3f}" for name, values in p50s.items()),
               flush=True)
     for ch in channels.values():
         await ch.close()
+
     def per_call_us(seconds: dict[str, float]) -> dict[str, float]:
         return {name: total / (rounds * calls) * 1e6 for name, total in seconds.items()}
     return Measured(p50s, rates, per_call_us(cpu_s), per_call_us(proxy_cpu_s))
