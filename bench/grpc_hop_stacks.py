@@ -69,7 +69,7 @@ def _server_credentials(tls: Path, name: str) -> grpc.ServerCredentials:
                                        root_certificates=(tls / "ca.pem").read_bytes(), require_client_auth=True)
 
 
-def _channel_credentials(tls: Path, identity: str) -> grpc.ChannelCredentials:
+def channel_credentials(tls: Path, identity: str) -> grpc.ChannelCredentials:
     folder = tls / identity
     return grpc.ssl_channel_credentials((tls / "ca.pem").read_bytes(), (folder / "key.pem").read_bytes(),
                                         (folder / "cert.pem").read_bytes())
@@ -80,6 +80,30 @@ def _echo_handler() -> grpc.GenericRpcHandler:
         return request
     method = grpc.unary_unary_rpc_method_handler(echo, request_deserializer=_identity, response_serializer=_identity)
     return grpc.method_handlers_generic_handler(SERVICE, {NAME: method})
+
+
+def stream_request(messages: int, gap_ms: float) -> bytes:
+    """What the backend's ``Generate`` stand-in is asked: ``messages`` messages of ``TOKEN``, ``gap_ms`` apart (an
+    engine's decode steps; 0 sends them back to back)."""
+    return f"{messages} {gap_ms}".encode()
+
+
+#: One streamed message of the backend's stand-in: about a one-token delta of the inference service's.
+TOKEN = b"t" * 40
+
+
+def _stream_echo_handler() -> grpc.GenericRpcHandler:
+    """``Generate`` as a paced stand-in: a stream of :data:`TOKEN`, as :func:`stream_request` asks."""
+    async def stream(request, context):
+        count, gap_ms = request.split()
+        for _ in range(int(count)):
+            if float(gap_ms) > 0:
+                await asyncio.sleep(float(gap_ms) / 1000)
+            await context.write(TOKEN)
+    service, name = STREAMED.strip("/").split("/")
+    method = grpc.unary_stream_rpc_method_handler(stream, request_deserializer=_identity,
+                                                  response_serializer=_identity)
+    return grpc.method_handlers_generic_handler(service, {name: method})
 
 
 class _Forward(grpc.GenericRpcHandler):
@@ -174,13 +198,13 @@ async def _serve_aio(port: int, tls: Path, upstream: int | None, role: str, stre
         options = KeepalivePolicy().server_options()
     server = grpc.aio.server(interceptors=[_PerCallWrap()] if role == "aio_interceptor" else None, options=options)
     if upstream is None:
-        server.add_generic_rpc_handlers([_echo_handler()])
+        server.add_generic_rpc_handlers([_echo_handler(), _stream_echo_handler()])
     else:
         channel = channel or grpc.aio.secure_channel(f"127.0.0.1:{upstream}",
-                                                     _channel_credentials(tls, "service/gateway"))
+                                                     channel_credentials(tls, "service/gateway"))
         forwarding = _aio_forwarding_with_metadata if role == "aio_metadata" else _aio_forwarding
         streams = {} if stream_upstream is None else {STREAMED: grpc.aio.secure_channel(
-            f"127.0.0.1:{stream_upstream}", _channel_credentials(tls, "service/gateway"))}
+            f"127.0.0.1:{stream_upstream}", channel_credentials(tls, "service/gateway"))}
         server.add_generic_rpc_handlers([_Forward(channel, forwarding, streams)])
     server.add_secure_port(f"127.0.0.1:{port}", _server_credentials(tls, "retrieval" if upstream is None else "gateway"))
     await server.start()
@@ -188,7 +212,7 @@ async def _serve_aio(port: int, tls: Path, upstream: int | None, role: str, stre
 
 
 def _serve_sync(port: int, tls: Path, upstream: int, threads: int) -> None:
-    channel = grpc.secure_channel(f"127.0.0.1:{upstream}", _channel_credentials(tls, "service/gateway"))
+    channel = grpc.secure_channel(f"127.0.0.1:{upstream}", channel_credentials(tls, "service/gateway"))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads), maximum_concurrent_rpcs=None)
     server.add_generic_rpc_handlers([_Forward(channel, lambda call: lambda request, context: call(request,
                                                                                                   timeout=10))])
@@ -206,28 +230,35 @@ def _role_main(args) -> None:
                        args.stream_upstream))
 
 
-def start_bare_proxy(port: int, tls: Path, upstream: int, stream_upstream: int | None = None) -> subprocess.Popen:
+def start_bare_proxy(port: int, tls: Path, upstream: int, stream_upstream: int | None = None,
+                     env: dict[str, str] | None = None) -> subprocess.Popen:
     """A bare grpc.aio passthrough on uvloop (as the gateway runs), on ``port`` to ``upstream``, as its own process.
 
-    With ``stream_upstream`` it also forwards ``Generate`` streams there (bench/gateway_overhead.py --bare).
+    With ``stream_upstream`` it also forwards ``Generate`` streams there (bench/gateway_overhead.py --bare);
+    ``env``, the process's whole environment (bench/grpc_experiments.py sets gRPC's own variables in it).
     """
-    return _start("aio_uvloop", port, tls, upstream, 0, stream_upstream)
+    return _start("aio_uvloop", port, tls, upstream, 0, stream_upstream, env)
+
+
+def start_backend(port: int, tls: Path) -> subprocess.Popen:
+    """The echo backend (unary echo, and the paced ``Generate`` stand-in) on ``port``, as its own process."""
+    return _start("backend", port, tls, None, 0)
 
 
 def _start(role: str, port: int, tls: Path, upstream: int | None, threads: int,
-           stream_upstream: int | None = None) -> subprocess.Popen:
+           stream_upstream: int | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
     command = [sys.executable, __file__, "--role", role, "--port", str(port), "--tls", str(tls),
                "--sync-threads", str(threads)]
     if upstream is not None:
         command += ["--upstream", str(upstream)]
     if stream_upstream is not None:
         command += ["--stream-upstream", str(stream_upstream)]
-    return subprocess.Popen(command)
+    return subprocess.Popen(command, env=env)
 
 
 async def _load(port: int, tls: Path, concurrency: int, calls: int) -> tuple[list[float], float]:
     """Per-call latencies (ms) and calls per second, ``concurrency`` at a time over one channel."""
-    async with grpc.aio.secure_channel(f"127.0.0.1:{port}", _channel_credentials(tls, "tenant/dev")) as channel:
+    async with grpc.aio.secure_channel(f"127.0.0.1:{port}", channel_credentials(tls, "tenant/dev")) as channel:
         await asyncio.wait_for(channel.channel_ready(), 30)  # the proxy process is up and connected
         call = channel.unary_unary(METHOD, request_serializer=_identity, response_deserializer=_identity)
         for _ in range(50):  # connections up, code paths warm
@@ -281,7 +312,7 @@ def main() -> None:
     root = scratch_dir("hop-stacks")
     tls = dev_pki(root)
     ports = {"direct": free_port(), **{path: free_port() for path in PROXIES}}
-    processes = {"direct": _start("backend", ports["direct"], tls, None, args.sync_threads)}
+    processes = {"direct": start_backend(ports["direct"], tls)}
     for path in PROXIES:
         processes[path] = _start(path, ports[path], tls, ports["direct"], args.sync_threads)
     processes["envoy"], ports["envoy"] = start_envoy(root, tls, ports["direct"], ports["direct"])
