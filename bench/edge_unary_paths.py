@@ -11,6 +11,11 @@ median p50 and its paired difference from the plain Envoy:
 
 - ``direct``: ``Retrieval.Search`` on the service, no hop;
 - ``envoy``: the same through a plain Envoy (no filter, no header);
+- ``envoy-twin``: the same through a second plain Envoy, configured as the
+  first: its paired difference from ``envoy`` should be 0, so what it
+  measures is the host's noise in a paired difference, the floor under
+  which no other path's gap from Envoy is resolved (on 2 shared cores,
+  tenths of a millisecond in a run: docs/benchmarks.md);
 - ``envoy-lean``: the same plain Envoy with the two settings the edge takes
   from it (no ``x-request-id`` generated, no ``x-envoy-*`` headers): what the
   edge costs over an Envoy as lean as itself;
@@ -70,7 +75,9 @@ from tests.support.servers import free_port
 
 
 #: The paths through a proxy, in the order their proxies start.
-PROXIED = ("envoy", "envoy-lean", "edge", "edge-nobuffer", "edge-nostrip")
+PROXIED = ("envoy", "envoy-twin", "envoy-lean", "edge", "edge-nobuffer", "edge-nostrip")
+#: The plain Envoys' paths: ``Search`` as an operator calls it.
+PLAIN = ("envoy", "envoy-twin", "envoy-lean")
 
 
 def start_envoy(workdir: Path, bootstrap: dict) -> subprocess.Popen:
@@ -164,22 +171,19 @@ async def measure(tls: Path, ports: dict[str, int], rounds: int, calls: int, con
     # The same header without the certificate (Envoy's URI field alone; Hash is always set): what its size costs.
     uri_only = ((XFCC_HEADER, f"By=spiffe://agentgw.local/service/edge;Hash={'0' * 64};"
                               "URI=spiffe://agentgw.local/tenant/dev"),)
-    channels = {"direct": channel(ports["retrieval"], "operator/admin"), "envoy": channel(ports["envoy"], "operator/admin"),
-                "envoy-lean": channel(ports["envoy-lean"], "operator/admin"),
+    channels = {"direct": channel(ports["retrieval"], "operator/admin"),
+                **{name: channel(ports[name], "operator/admin") for name in PLAIN},
                 **{name: channel(ports[name], "tenant/dev") for name in ("edge", "edge-nobuffer", "edge-nostrip")},
                 "public-direct": channel(ports["retrieval"], "service/edge")}
     for name, ch in channels.items():
         await wait_ready(ch, timeout_s=30, target=name)
     # Every path's stub is built once: a stub builds a callable per method of its service, tens of µs a call
     # if built per call (until 2026-12-06 the direct, Envoy and public-direct paths did, and the edge's did not).
-    searches = {name: retrieval_pb2_grpc.RetrievalStub(channels[name]).Search
-                for name in ("direct", "envoy", "envoy-lean")}
+    searches = {name: retrieval_pb2_grpc.RetrievalStub(channels[name]).Search for name in ("direct", *PLAIN)}
     retrieves = {name: gateway_pb2_grpc.AgentGatewayStub(channels[name]).Retrieve
                  for name in ("edge", "edge-nobuffer", "edge-nostrip", "public-direct")}
     paths = {
-        "direct": lambda: searches["direct"](search, timeout=10),
-        "envoy": lambda: searches["envoy"](search, timeout=10),
-        "envoy-lean": lambda: searches["envoy-lean"](search, timeout=10),
+        **{name: (lambda call: lambda: call(search, timeout=10))(searches[name]) for name in ("direct", *PLAIN)},
         **{name: (lambda call: lambda: call(retrieve, timeout=10))(retrieves[name])
            for name in ("edge", "edge-nobuffer", "edge-nostrip")},
         "public-direct": lambda: retrieves["public-direct"](retrieve, timeout=10, metadata=forwarded),
@@ -231,6 +235,9 @@ def report(measured: Measured, rounds: int, calls: int, concurrency: int) -> Non
         proxy = f"{measured.proxy_cpu_us[name]:18.1f}" if name in measured.proxy_cpu_us else f"{'':18}"
         print(f"{name:16} {statistics.median(values):8.3f} {added:+9.3f} {paired:+20.3f} {rate:8.0f} "
               f"{rate / direct_rate:9.0%} {measured.retrieval_cpu_us[name]:22.1f} {proxy}")
+    twin = statistics.median(t - e for t, e in zip(p50s["envoy-twin"], p50s["envoy"]))
+    print(f"noise floor: a second plain Envoy, configured as the first, measured {twin:+.3f} ms against it (paired): "
+          f"a path's gap from Envoy within ±{abs(twin):.3f} ms is not resolved by this run")
     print(f"command: python bench/edge_unary_paths.py --rounds {rounds} --calls {calls} --concurrency {concurrency}")
 
 
@@ -248,7 +255,8 @@ def main() -> int:
     proxies = []
     try:
         ports = {"retrieval": retrieval.wait_serving(), **{name: free_port() for name in PROXIED}}
-        proxies = [start_envoy(root / "envoy", envoy_config(tls, ports["envoy"], ports["retrieval"], 9)),
+        proxies = [*(start_envoy(root / name, envoy_config(tls, ports[name], ports["retrieval"], 9))
+                     for name in ("envoy", "envoy-twin")),
                    start_envoy(root / "envoy-lean",
                                lean(envoy_config(tls, ports["envoy-lean"], ports["retrieval"], 9))),
                    edge_variant(tls, root / "edge", ports["edge"], ports["retrieval"]),
