@@ -40,7 +40,11 @@ floor and our handler's share.
 `Retrieve` and `Generate` straight to the backends, which authorize the
 forwarded tenant, check the bounds and scope the call themselves. It is the
 product's path, where the `envoy` column is a plain proxy of the backends'
-own methods.
+own methods. It also adds `envoy-twin`, a second plain Envoy configured as
+the first, for unary calls only: the c=1 goal compares the edge with Envoy
+to within hundredths of a millisecond, and the twin's paired difference
+from Envoy, zero but for the host's noise, is the floor under which that
+comparison resolves nothing (bench/load_goals.py prints it).
 
 `--smg` adds a streaming block with SMG in front of vLLM's own gRPC server,
 run after ours is stopped (bench/smg_peer.py; `pip install -e '.[peers]'`).
@@ -145,13 +149,17 @@ def envoy_config(tls: Path, port: int, retrieval_port: int, inference_port: int)
     }
 
 
-def start_envoy(root: Path, tls: Path, retrieval_port: int, inference_port: int) -> tuple[subprocess.Popen, int]:
+def start_envoy(root: Path, tls: Path, retrieval_port: int, inference_port: int,
+                name: str = "envoy") -> tuple[subprocess.Popen, int]:
+    """A plain Envoy in front of the backends' own methods, its config and log named ``name`` under ``root``;
+    the process and its port."""
     binary = shutil.which("envoy") or str(Path(sys.executable).parent / "envoy")
     port = free_port()
-    config = root / "envoy.json"
+    config = root / f"{name}.json"
     config.write_text(json.dumps(envoy_config(tls, port, retrieval_port, inference_port)))
-    process = subprocess.Popen([binary, "-c", str(config), "--concurrency", "2", "--log-level", "error"],
-                               stdout=(root / "envoy.log").open("wb"), stderr=subprocess.STDOUT)
+    process = subprocess.Popen([binary, "-c", str(config), "--concurrency", "2", "--log-level", "error",
+                                "--use-dynamic-base-id"],  # two Envoys on one host need two shared-memory ids
+                               stdout=(root / f"{name}.log").open("wb"), stderr=subprocess.STDOUT)
     return process, port
 
 
@@ -276,6 +284,12 @@ async def measure(tls: Path, ports: dict[str, int], requests: int, stream_reques
         rs, is_ = retrieval_pb2_grpc.RetrievalStub(ch), inference_pb2_grpc.InferenceStub(ch)
         return (lambda: one(rs.Search(search, timeout=30)), lambda: drain(is_.Generate(generate, timeout=60)))
 
+    def envoy_twin():  # the same Envoy again, unary only: the c=1 comparison's noise floor
+        ch = channel(ports["envoy-twin"], "operator/admin")
+        channels.append(ch)
+        rs = retrieval_pb2_grpc.RetrievalStub(ch)
+        return lambda: one(rs.Search(search, timeout=30)), None
+
     def ours():
         ch = channel(ports["gateway"], "tenant/dev")
         channels.append(ch)
@@ -297,7 +311,8 @@ async def measure(tls: Path, ports: dict[str, int], requests: int, stream_reques
         return (lambda: one(rs.Search(search, timeout=30)), lambda: drain(is_.Generate(generate, timeout=60)))
 
     makers = [("direct", direct), ("gateway", ours), ("envoy", envoy), *([("bare", bare)] if "bare" in ports else []),
-              *([("edge", edge)] if "edge" in ports else [])]
+              *([("edge", edge)] if "edge" in ports else []),
+              *([("envoy-twin", envoy_twin)] if "envoy-twin" in ports else [])]
     # ``connections`` client connections per path, so several server workers (ours or Envoy's) take load.
     paths = {name: [make() for _ in range(connections)] for name, make in makers}
     for ch in channels:
@@ -345,7 +360,7 @@ def _table(rows: list[dict]) -> list[dict]:
     table = []
     for r in rows:
         base = direct[(r["workers"], r["kind"], r["concurrency"])]
-        proxy = r["path"] if r["path"] in ("gateway", "envoy", "smg", "bare", "edge") else None
+        proxy = r["path"] if r["path"] in ("gateway", "envoy", "envoy-twin", "smg", "bare", "edge") else None
         table.append({
             "workers": r["workers"], "kind": r["kind"], "conc": r["concurrency"], "path": r["path"],
             "p50 ms": r["p50"], "p99 ms": r["p99"], "req/s": r["throughput"],
@@ -404,6 +419,9 @@ def main() -> int:
           backend_processes(root, tls, **backend_env, **export_environment(sink)) as (ports, started)):
         inference_pid, retrieval_pid = ports["inference_pid"], ports["retrieval_pid"]
         envoy, ports["envoy"] = start_envoy(root, tls, ports["retrieval"], ports["inference"])
+        twin = None
+        if args.edge:
+            twin, ports["envoy-twin"] = start_envoy(root, tls, ports["retrieval"], ports["inference"], "envoy-twin")
         bare = None
         if args.bare:
             from grpc_hop_stacks import start_bare_proxy
@@ -427,6 +445,7 @@ def main() -> int:
                     meter = CpuMeter({
                         "gateway": lambda: [gateway.pid, *descendants(gateway.pid)],
                         "envoy": lambda: [envoy.pid],
+                        **({"envoy-twin": lambda: [twin.pid]} if twin else {}),
                         **({"edge": lambda: [edge.pid]} if edge else {}),
                         **({"bare": lambda: [bare.pid]} if bare else {}),
                         "inference": lambda: [inference_pid],
@@ -443,7 +462,7 @@ def main() -> int:
                         edge.stop()
                     gateway.stop()
         finally:
-            for proxy in (envoy, bare):
+            for proxy in (envoy, twin, bare):
                 if proxy is not None:
                     proxy.terminate()
                     proxy.wait()

@@ -29,7 +29,10 @@ differences (``harness.added_p50``); a run of one round (every run before
 2026-12-06 08:00 UTC) is judged on the difference of its p50s. The unary
 c=64 throughput is a rate since 2026-12-07 08:30 UTC: before, each round at
 c=64 was 64 calls, one per worker, and timed a burst's drain
-(``gateway_overhead.MIN_CALLS_PER_WORKER``).
+(``gateway_overhead.MIN_CALLS_PER_WORKER``). Under the verdicts it prints
+the c=1 comparison's noise floor (``noise_floor``): the same figure for a
+second plain Envoy against the first, which differ only by the host's noise
+(runs since 2026-12-07 14:00 UTC).
 
 `--export-traces all|RATIO` runs both benches with every service of ours
 exporting its traces (all, or that ratio of them) to a sink that counts
@@ -177,6 +180,19 @@ def _rows(run: dict, path: str) -> dict[tuple[str, int, str], dict]:
     return rows
 
 
+def noise_floor(runs: Sequence[dict]) -> list[float] | None:
+    """Each run's unary c=1 figure for a second plain Envoy against the first (gateway_overhead.py --edge's
+    ``envoy-twin``, configured alike): what the c=1 goal's comparison reads when nothing differs, the host's noise.
+    None when a run lacks it (runs before 2026-12-07 14:00 UTC)."""
+    figures = []
+    for run in runs:
+        rows = {(r["kind"], r["concurrency"], r["path"]): r for r in run["rows"] if r["workers"] == 1}
+        if ("unary", 1, "envoy-twin") not in rows:
+            return None
+        figures.append(added_p50(rows[("unary", 1, "envoy-twin")], rows[("unary", 1, "envoy")]))
+    return figures
+
+
 def run_benches(runs: int, out: Path, extra: Sequence[str] = ()) -> tuple[list[Path], list[Path]]:
     """Run both benches ``runs`` times, alternating, each a fresh stack, with ``extra`` arguments; their JSON
     paths."""
@@ -242,9 +258,14 @@ def main() -> int:
     if overhead:
         verdicts += overhead_verdicts([json.loads(p.read_text()) for p in overhead], args.path)
     report(verdicts)
+    floor = noise_floor([json.loads(p.read_text()) for p in overhead]) if overhead else None
+    if floor:
+        print(f"noise floor of the c=1 comparison: a second plain Envoy, configured as the first, measured "
+              f"{', '.join(_figure(f, 'ms') for f in floor)} against it (median {_figure(statistics.median(floor), 'ms')}"
+              f"): a c=1 margin within ±{max(abs(f) for f in floor):.3f} ms is not resolved by these runs")
     print(f"command: {command_line()}")
     write_json(args.json, {"chat": [str(p) for p in chat], "overhead": [str(p) for p in overhead],
-                           "export_traces": args.export_traces,
+                           "export_traces": args.export_traces, "unary_c1_noise_floor": floor,
                            "verdicts": [{**asdict(v), "median": v.median, "met": v.met, "margin": v.margin}
                                         for v in verdicts]})
     return 0 if all(v.met for v in verdicts) else 1

@@ -157,3 +157,30 @@ def test_added_p50_pairs_rounds_only_where_both_paths_ran_the_same_rounds():
     assert harness.added_p50({"p50": 12.0, "round_p50": [12.0]}, {"p50": 10.0, "round_p50": [10.0]}) == 2.0
     assert harness.added_p50({"p50": 12.0}, base) == 2.0
     assert harness.added_p50({"p50": 12.0, "round_p50": [11.0, 31.0]}, base) == 2.0
+
+
+def with_twin(run: dict, twin_c1: float) -> dict:
+    """``run`` with gateway_overhead.py --edge's second plain Envoy at unary c=1 (since 2026-12-07)."""
+    twin = {"workers": 1, "kind": "unary", "concurrency": 1, "path": "envoy-twin", "p50": twin_c1,
+            "throughput": 700.0, "tokens": 0, "calls": 60, "cpu_s": {}}
+    return {**run, "rows": [*run["rows"], twin]}
+
+
+def test_the_c1_noise_floor_is_a_second_envoy_against_the_first_in_each_run(goals):
+    runs = [with_twin(overhead_run(envoy_c1=1.25), 1.31), with_twin(overhead_run(envoy_c1=1.30), 1.22)]
+    assert goals.noise_floor(runs) == pytest.approx([0.06, -0.08])
+    # A run made before the twin existed: no floor, rather than one over fewer runs than the verdicts.
+    assert goals.noise_floor([*runs, overhead_run()]) is None
+
+
+def test_judging_runs_with_the_twin_prints_the_floor_beside_the_verdicts(tmp_path):
+    files = []
+    for n, (edge, twin) in enumerate([(1.35, 1.20), (1.33, 1.32), (1.29, 1.34)]):
+        path = tmp_path / f"overhead-{n}.json"
+        path.write_text(__import__("json").dumps(with_twin(overhead_run(edge_c1=edge, envoy_c1=1.25), twin)))
+        files.append(str(path))
+    done = subprocess.run([sys.executable, "load_goals.py", "--overhead", *files], cwd=BENCH, capture_output=True,
+                          text=True, timeout=60)
+    assert "MISSED by 0.080 ms" in done.stdout, done.stdout + done.stderr
+    assert "measured -0.050 ms, +0.070 ms, +0.090 ms against it (median +0.070 ms)" in done.stdout
+    assert "a c=1 margin within ±0.090 ms is not resolved by these runs" in done.stdout
