@@ -200,8 +200,9 @@ async def measure(tls: Path, ports: dict[str, int], rounds: int, calls: int, con
             await call()
     names = list(paths)
     for index in range(rounds):
-        # The paths' order rotates from round to round (as in gateway_overhead.py): no path always follows the
-        # same one, whose wake-ups and cache state it would inherit.
+        # The paths' order rotates from round to round (as in gateway_overhead.py): each path takes every place
+        # in turn. It is one cyclic order, so a path follows the same one in every round but the one it opens,
+        # and may inherit its wake-ups and cache state (docs/benchmarks.md: the envoy-twin's lean to one side).
         for name in names[index % len(names):] + names[:index % len(names)]:
             used = process_cpu_s(backend_pid)
             proxy_used = process_cpu_s(proxy_pids[name]) if name in proxy_pids else 0.0
