@@ -96,9 +96,10 @@ def _stream_echo_handler() -> grpc.GenericRpcHandler:
     """``Generate`` as a paced stand-in: a stream of :data:`TOKEN`, as :func:`stream_request` asks."""
     async def stream(request, context):
         count, gap_ms = request.split()
+        gap_s = float(gap_ms) / 1000
         for _ in range(int(count)):
-            if float(gap_ms) > 0:
-                await asyncio.sleep(float(gap_ms) / 1000)
+            if gap_s > 0:
+                await asyncio.sleep(gap_s)
             await context.write(TOKEN)
     service, name = STREAMED.strip("/").split("/")
     method = grpc.unary_stream_rpc_method_handler(stream, request_deserializer=_identity,
