@@ -184,13 +184,10 @@ def noise_floor(runs: Sequence[dict]) -> list[float] | None:
     """Each run's unary c=1 figure for a second plain Envoy against the first (gateway_overhead.py --edge's
     ``envoy-twin``, configured alike): what the c=1 goal's comparison reads when nothing differs, the host's noise.
     None when a run lacks it (runs before 2026-12-07 14:00 UTC)."""
-    figures = []
-    for run in runs:
-        rows = {(r["kind"], r["concurrency"], r["path"]): r for r in run["rows"] if r["workers"] == 1}
-        if ("unary", 1, "envoy-twin") not in rows:
-            return None
-        figures.append(added_p50(rows[("unary", 1, "envoy-twin")], rows[("unary", 1, "envoy")]))
-    return figures
+    tables = [_Table(_rows(run, "envoy")) for run in runs]
+    if any(("unary", 1, "envoy-twin") not in table.rows for table in tables):
+        return None
+    return [table.added("unary", 1, "envoy-twin", over="envoy") for table in tables]
 
 
 def run_benches(runs: int, out: Path, extra: Sequence[str] = ()) -> tuple[list[Path], list[Path]]:
@@ -255,10 +252,11 @@ def main() -> int:
     verdicts = []
     if chat:
         verdicts += chat_verdicts([json.loads(p.read_text()) for p in chat])
-    if overhead:
-        verdicts += overhead_verdicts([json.loads(p.read_text()) for p in overhead], args.path)
+    overhead_runs = [json.loads(p.read_text()) for p in overhead]
+    if overhead_runs:
+        verdicts += overhead_verdicts(overhead_runs, args.path)
     report(verdicts)
-    floor = noise_floor([json.loads(p.read_text()) for p in overhead]) if overhead else None
+    floor = noise_floor(overhead_runs) if overhead_runs else None
     if floor:
         print(f"noise floor of the c=1 comparison: a second plain Envoy, configured as the first, measured "
               f"{', '.join(_figure(f, 'ms') for f in floor)} against it (median {_figure(statistics.median(floor), 'ms')}"
