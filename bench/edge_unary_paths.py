@@ -5,7 +5,7 @@
 0.05 ms above a plain Envoy at one call at a time (docs/benchmarks.md, "The
 edge"). This bench splits that: one retrieval service (behind the edge it
 serves the public ``Retrieve``), called at c=1 on each path below, in rounds
-that alternate the paths in an order rotating from round to round (the
+whose order changes from round to round (``harness.round_order``: the
 same noise for all), reporting each path's
 median p50 and its paired difference from the plain Envoy:
 
@@ -60,7 +60,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from harness import UNBOUNDED_ADMISSION, dev_pki, retrieval_process, scratch_dir
+from harness import UNBOUNDED_ADMISSION, dev_pki, retrieval_process, round_order, scratch_dir
 
 from agent.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from agent.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
@@ -200,10 +200,9 @@ async def measure(tls: Path, ports: dict[str, int], rounds: int, calls: int, con
             await call()
     names = list(paths)
     for index in range(rounds):
-        # The paths' order rotates from round to round (as in gateway_overhead.py): each path takes every place
-        # in turn. It is one cyclic order, so a path follows the same one in every round but the one it opens,
-        # and may inherit its wake-ups and cache state (docs/benchmarks.md: the envoy-twin's lean to one side).
-        for name in names[index % len(names):] + names[:index % len(names)]:
+        # Each path follows each other in turn (harness.round_order), so none inherits one neighbour's
+        # wake-ups and cache state in every round.
+        for name in round_order(names, index):
             used = process_cpu_s(backend_pid)
             proxy_used = process_cpu_s(proxy_pids[name]) if name in proxy_pids else 0.0
             latencies, rate, _ = await run_level([counted[name]], concurrency, calls)

@@ -14,7 +14,7 @@ servers, each its own process, all mTLS as ours are:
   (``_replace`` of the deserialiser and the behaviour, and their closures);
 - ``once``: the same wrapper, built at the first call of the method and kept (servicekit's now).
 
-Each is called at c=1 in rounds whose order rotates, so drift falls on all
+Each is called at c=1 in rounds in balanced orders (harness.round_order), so drift falls on all
 alike. Reported: the median of the rounds' p50s, and each server's CPU per
 call (all its threads, ``/proc/<pid>/task/*/schedstat``), each with its
 paired difference from ``none``.
@@ -34,7 +34,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from harness import (add_serve_arguments, child_servers, command_line, dev_pki, echo_handler,
-                     process_threads_cpu_s, scratch_dir, serve_mtls, served_as_child)
+                     process_threads_cpu_s, round_order, scratch_dir, serve_mtls, served_as_child)
 
 from servicekit.tls import ClientTls
 
@@ -104,7 +104,7 @@ async def _measure(tls: Path, ports: dict[str, int], pids: dict[str, int], round
     p50s: dict[str, list[float]] = {shape: [] for shape in ports}
     cpu_us: dict[str, list[float]] = {shape: [] for shape in ports}
     for index in range(rounds):
-        for shape in SHAPES[index % len(SHAPES):] + SHAPES[:index % len(SHAPES)]:
+        for shape in round_order(SHAPES, index):
             latencies, used = [], process_threads_cpu_s(pids[shape])
             for _ in range(calls):
                 started = time.perf_counter()

@@ -12,7 +12,7 @@ run and with mTLS everywhere:
 at concurrency 1, 16 and 64, over two long-lived client connections per path
 (so two gateway workers, or two Envoy worker threads, share the load).
 Each level runs in rounds (`--rounds`, 8): a round runs every path back to
-back, their order rotating from round to round, and the added p50 against
+back, in balanced orders (harness.round_order), and the added p50 against
 direct is the median of the rounds' paired differences. A unary round gives
 each worker at least 8 calls (``MIN_CALLS_PER_WORKER``), so that its
 throughput is a rate at that concurrency, not the drain of one burst. Reports p50/p99
@@ -81,6 +81,7 @@ from harness import (
     gateway_process,
     print_table,
     report_export,
+    round_order,
     scratch_dir,
     summary,
     write_json,
@@ -210,8 +211,8 @@ async def run_levels(paths: dict[str, list], kind: str, total: int, meter: CpuMe
     """Every path at each level in ``CONCURRENCY``, in ``rounds`` rounds of ``total / rounds`` calls each, but at
     least ``MIN_CALLS_PER_WORKER[kind]`` per worker.
 
-    A round runs every path back to back, in an order that rotates from
-    round to round, so the host's drift and the engine's batching fall on
+    A round runs every path back to back, in an order that changes from
+    round to round (``round_order``: each path after each other in turn), so the host's drift and the engine's batching fall on
     all paths alike and each round pairs them: a row keeps its path's p50 of
     every round (``round_p50``), and its added p50 is the median of the
     rounds' paired differences (``harness.added_p50``). One round of 60
@@ -227,8 +228,7 @@ async def run_levels(paths: dict[str, list], kind: str, total: int, meter: CpuMe
         runs = {name: {"latencies": [], "round_p50": [], "busy_s": 0.0, "seconds": 0.0, "messages": 0, "cpu_s": {}}
                 for name in names}
         for round_ in range(rounds):
-            shift = round_ % len(names)
-            for name in names[shift:] + names[:shift]:
+            for name in round_order(names, round_):
                 before, started = meter.sample(), time.perf_counter()
                 latencies, throughput, messages = await run_level(paths[name], concurrency, per_round)
                 run = runs[name]
@@ -383,7 +383,7 @@ def main() -> int:
     parser.add_argument("--workers", type=_workers, default=[os.cpu_count() or 1],
                         help="gateway worker processes; a comma-separated list runs each in turn (1,2,4,8)")
     parser.add_argument("--rounds", type=int, default=8,
-                        help="rounds per level, every path in each, their order rotating (at least c calls a round); "
+                        help="rounds per level, every path in each, in balanced orders (at least c calls a round); "
                              "the added p50 is the median of the rounds' paired differences")
     parser.add_argument("--connections", type=int, default=2, help="client connections per path")
     parser.add_argument("--stream-interval", type=int, default=None, help="AGW_INFERENCE_STREAM_INTERVAL to run with")
@@ -477,7 +477,7 @@ def main() -> int:
             connections=args.connections, max_tokens=MAX_TOKENS, measure=measure_smg)]
 
     print_table(f"one hop, mTLS everywhere; Envoy --concurrency 2; {args.rounds} round(s) a level, the paths' order "
-                "rotating, added p50 the median of the rounds' paired differences; CPU per token (stream) or per "
+                "balanced, added p50 the median of the rounds' paired differences; CPU per token (stream) or per "
                 "call (unary), from /proc/<pid>/stat (a loop thread's from its schedstat)", _table(rows),
                 ["workers", "kind", "conc", "path", "p50 ms", "p99 ms", "req/s", "added p50 ms", "vs direct req/s",
                  "msgs/call", "proxy cpu us/unit", "its loop thread", "inference cpu us/unit", "engine cpu us/unit",

@@ -16,8 +16,8 @@ One backend (bench/grpc_hop_stacks.py's unary echo, and its paced
 apart, like an engine's decode steps) and one bare grpc.aio proxy on uvloop
 per variant, each its own process with ``GRPC_EXPERIMENTS`` set to the
 variant (``default`` sets nothing); every hop mTLS. In each round every
-proxy is measured back to back, in an order that rotates from round to
-round: unary calls at c=1 (latency, proxy CPU per call), then streams at
+proxy is measured back to back, in an order that changes from round to
+round (harness.round_order): unary calls at c=1 (latency, proxy CPU per call), then streams at
 ``--stream-concurrency`` (proxy CPU per message forwarded). CPU is every
 proxy thread's on-CPU time (``/proc/<pid>/task/*/schedstat``). Each figure
 is the median over rounds, with its ratio to the default's.
@@ -37,7 +37,7 @@ from pathlib import Path
 import grpc
 from grpc_hop_stacks import METHOD, PAYLOAD, STREAMED, channel_credentials, start_backend, start_bare_proxy, \
     stream_request
-from harness import command_line, dev_pki, print_table, scratch_dir, summary, write_json
+from harness import command_line, dev_pki, print_table, round_order, scratch_dir, summary, write_json
 
 from servicekit.procfs import thread_cpu_s
 from tests.support.servers import free_port
@@ -106,8 +106,7 @@ def measure(args, tls: Path) -> list[dict]:
             proxies[variant] = port, start_bare_proxy(port, tls, backend_port, backend_port, _environment(variant))
         figures: dict[str, list[dict]] = {variant: [] for variant in args.variants}
         for round_ in range(args.rounds):
-            shift = round_ % len(args.variants)
-            for variant in args.variants[shift:] + args.variants[:shift]:
+            for variant in round_order(args.variants, round_):
                 port, process = proxies[variant]
                 figures[variant].append(asyncio.run(_round(port, process.pid, tls, args)))
     finally:

@@ -40,6 +40,31 @@ def summary(values: Sequence[float]) -> dict[str, float]:
     }
 
 
+def round_order(names: Sequence, round_: int) -> list:
+    """The order in which round ``round_`` (from 0) runs ``names``: a row of a Williams square, reversed on odd rounds.
+
+    Rotating one fixed order (as these benches did until 2026-12-07) puts
+    every path after the same predecessor in all rounds but the one it
+    opens, so a path may inherit that one's wake-ups and cache state: a
+    second plain Envoy, identical to the first, trailed it in 3 of 4 runs
+    (docs/benchmarks.md). Here rounds 2k and 2k + 1 run row k of a Williams
+    square forwards and backwards: over 2n rounds of n paths every path
+    follows every other exactly twice, and takes every place twice; any two
+    consecutive rounds from an even one put each neighbouring pair in both
+    orders.
+    """
+    count = len(names)
+    base, low, high = [0], 1, count - 1
+    while len(base) < count:  # 0, 1, n-1, 2, n-2, ...: each difference between neighbours once
+        base.append(low)
+        low += 1
+        if len(base) < count:
+            base.append(high)
+            high -= 1
+    row = [names[(index + round_ // 2) % count] for index in base]
+    return row[::-1] if round_ % 2 else row
+
+
 def added_p50(row: dict, base: dict) -> float:
     """What ``row``'s path adds to ``base``'s p50, ms.
 

@@ -16,7 +16,7 @@ believes ``service/edge``) in two echo servers, each its own process, mTLS:
 
 Each is called at c=1 two ways: ``plain`` (an operator's certificate, no
 header) and ``edge`` (the edge's certificate with the forwarded-certificate
-header as Envoy sets it). Rounds rotate the order; reported: the median of
+header as Envoy sets it). Rounds change the order (harness.round_order); reported: the median of
 the rounds' p50s and each server's CPU per call (all its threads,
 ``/proc/<pid>/task/*/schedstat``), paired against ``each read``; and, from
 one more call on each path, servicekit's reads of the metadata a call
@@ -41,7 +41,7 @@ from urllib.parse import quote
 import grpc
 from grpc_health.v1 import health_pb2
 from harness import (add_serve_arguments, child_servers, command_line, dev_pki, echo_handler,
-                     process_threads_cpu_s, scratch_dir, serve_mtls, served_as_child)
+                     process_threads_cpu_s, round_order, scratch_dir, serve_mtls, served_as_child)
 
 from servicekit.forwarded import XFCC_HEADER
 from servicekit.tls import ClientTls
@@ -129,7 +129,7 @@ async def _measure(tls: Path, ports: dict[str, int], pids: dict[str, int], round
     p50s: dict[tuple, list[float]] = {path: [] for path in paths}
     cpu_us: dict[tuple, list[float]] = {path: [] for path in paths}
     for index in range(rounds):
-        for path in paths[index % len(paths):] + paths[:index % len(paths)]:
+        for path in round_order(paths, index):
             latencies, used = [], process_threads_cpu_s(pids[path[0]])
             for _ in range(calls):
                 started = time.perf_counter()

@@ -26,8 +26,8 @@ import json
 import time
 from contextlib import AsyncExitStack
 
-from harness import (backend_processes, command_line, dev_pki, gateway_process, print_table, scratch_dir, summary,
-                     write_json)
+from harness import (backend_processes, command_line, dev_pki, gateway_process, print_table, round_order,
+                     scratch_dir, summary, write_json)
 
 from agent.gateway.v1 import gateway_pb2 as pb
 from agent.gateway.v1 import gateway_pb2_grpc
@@ -94,8 +94,7 @@ async def constraint_modes(inference, rounds: int) -> dict:
     modes = ("unconstrained", "json_cold", "json_cached", "tool_required")
     rows = {mode: [] for mode in modes}
     for round_ in range(rounds):
-        order = modes[round_ % len(modes):] + modes[:round_ % len(modes)]  # rotate who goes first
-        for mode in order:
+        for mode in round_order(modes, round_):  # each goes first, and after each other, in turn
             rows[mode].append(await _generate(inference, _request(mode, round_)))
     base = summary([r["ttft"] for r in rows["unconstrained"]])["p50"]
     table = {}

@@ -5,7 +5,7 @@ Starts the stack (inference with the smoke model, retrieval, Postgres) and two
 gateways on the same backends: one with a per-tenant bound
 (AGW_GATEWAY_MAX_IN_FLIGHT_PER_TENANT, the default kind of deployment) and one
 without (0). Tenant B sends its normal traffic, one stateless Chat turn at a
-time with a short think time. In three phases, in rotating order, B runs:
+time with a short think time. In three phases, in balanced orders (harness.round_order), B runs:
 
 - alone (no flood);
 - while A floods the bounded gateway: 4 x A's bound concurrent turn loops,
@@ -26,8 +26,8 @@ import time
 from contextlib import AsyncExitStack
 from pathlib import Path
 
-from harness import (backend_processes, command_line, dev_pki, gateway_process, print_table, scratch_dir, summary,
-                     write_json)
+from harness import (backend_processes, command_line, dev_pki, gateway_process, print_table, round_order,
+                     scratch_dir, summary, write_json)
 
 import grpc
 
@@ -94,9 +94,8 @@ async def run(ports: dict, tls: Path, turns: int, bound: int, rounds: int) -> di
             await _b_turns(stubs[gateway, "beta"], 3, "warm")
         phases = {"alone": [], "flood, bounded": [], "flood, unbounded": []}
         flood_counts = {name: {"admitted": 0, "refused": 0} for name in phases}
-        order = list(phases)
         for round_number in range(rounds):
-            for phase in order[round_number % 3:] + order[:round_number % 3]:
+            for phase in round_order(list(phases), round_number):
                 if phase == "alone":
                     phases[phase] += await _b_turns(stubs["bounded", "beta"], turns, phase)
                     continue
@@ -114,7 +113,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=40, help="B's turns per phase and round")
     parser.add_argument("--bound", type=int, default=2, help="AGW_GATEWAY_MAX_IN_FLIGHT_PER_TENANT (A floods at 4x)")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds of the three phases, in rotating order")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of the three phases, in balanced orders")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     root = scratch_dir("fairness")

@@ -41,8 +41,8 @@ import asyncio
 import time
 from pathlib import Path
 
-from harness import (backend_processes, command_line, dev_pki, gateway_process, print_table, sampling_environment,
-                     scratch_dir, summary, write_json)
+from harness import (backend_processes, command_line, dev_pki, gateway_process, print_table, round_order,
+                     sampling_environment, scratch_dir, summary, write_json)
 
 from agent.gateway.v1 import gateway_pb2 as pb
 from agent.gateway.v1 import gateway_pb2_grpc
@@ -100,9 +100,8 @@ async def run(ports: dict[str, int], tls: Path, turns: int, gateway_pids: dict[s
                     for mode, stub in stubs.items()}
 
         async def one_round(index: int) -> dict[str, dict]:
-            order = modes[index % len(modes):] + modes[:index % len(modes)]  # who goes first rotates too
             return {mode: await turn(stubs[mode], sessions[mode], QUESTIONS[index % len(QUESTIONS)])
-                    for mode in order}
+                    for mode in round_order(modes, index)}  # who goes first, and after whom, changes too
 
         for index in range(WARM_UP_ROUNDS):  # every path warm before anything is timed
             await one_round(index)
