@@ -32,7 +32,9 @@ c=64 was 64 calls, one per worker, and timed a burst's drain
 (``gateway_overhead.MIN_CALLS_PER_WORKER``). Under the verdicts it prints
 the c=1 comparison's noise floor (``noise_floor``): the same figure for a
 second plain Envoy against the first, which differ only by the host's noise
-(runs since 2026-12-07 14:00 UTC).
+(runs since 2026-12-07 14:00 UTC), and the path's own figure against that
+second Envoy (``against_twin``): the goal's comparison made with the other
+of two identical Envoys.
 
 `--export-traces all|RATIO` runs both benches with every service of ours
 exporting its traces (all, or that ratio of them) to a sink that counts
@@ -190,6 +192,15 @@ def noise_floor(runs: Sequence[dict]) -> list[float] | None:
     return [table.added("unary", 1, "envoy-twin", over="envoy") for table in tables]
 
 
+def against_twin(runs: Sequence[dict], path: str) -> list[float] | None:
+    """Each run's unary c=1 figure for ``path`` against the second plain Envoy instead of the first: the c=1
+    goal's comparison made with the other of two identical Envoys. None when a run lacks the twin."""
+    tables = [_Table(_rows(run, path)) for run in runs]
+    if any(("unary", 1, "envoy-twin") not in table.rows for table in tables):
+        return None
+    return [table.added("unary", 1, path, over="envoy-twin") for table in tables]
+
+
 def run_benches(runs: int, out: Path, extra: Sequence[str] = ()) -> tuple[list[Path], list[Path]]:
     """Run both benches ``runs`` times, alternating, each a fresh stack, with ``extra`` arguments; their JSON
     paths."""
@@ -217,6 +228,11 @@ def report(verdicts: Sequence[Verdict]) -> None:
         "verdict": ("met" if v.met else "MISSED") + f" by {_figure(abs(v.margin), v.unit, signed=False)}",
         "runs within": f"{v.runs_within} of {len(v.runs)}"} for v in verdicts],
         ["goal", "runs", "median", "limit", "verdict", "runs within"])
+
+
+def _figures(values: Sequence[float]) -> str:
+    """Each run's figure in ms, and their median."""
+    return f"{', '.join(_figure(v, 'ms') for v in values)} (median {_figure(statistics.median(values), 'ms')})"
 
 
 def _figure(value: float, unit: str, signed: bool = True) -> str:
@@ -257,13 +273,15 @@ def main() -> int:
         verdicts += overhead_verdicts(overhead_runs, args.path)
     report(verdicts)
     floor = noise_floor(overhead_runs) if overhead_runs else None
+    twin = against_twin(overhead_runs, args.path) if floor else None
     if floor:
         print(f"noise floor of the c=1 comparison: a second plain Envoy, configured as the first, measured "
-              f"{', '.join(_figure(f, 'ms') for f in floor)} against it (median {_figure(statistics.median(floor), 'ms')}"
-              f"): a c=1 margin within ±{max(abs(f) for f in floor):.3f} ms is not resolved by these runs")
+              f"{_figures(floor)} against it: a c=1 margin within ±{max(abs(f) for f in floor):.3f} ms is not "
+              f"resolved by these runs; the {args.path} against that second Envoy: {_figures(twin)}")
     print(f"command: {command_line()}")
     write_json(args.json, {"chat": [str(p) for p in chat], "overhead": [str(p) for p in overhead],
                            "export_traces": args.export_traces, "unary_c1_noise_floor": floor,
+                           "unary_c1_against_twin": twin,
                            "verdicts": [{**asdict(v), "median": v.median, "met": v.met, "margin": v.margin}
                                         for v in verdicts]})
     return 0 if all(v.met for v in verdicts) else 1

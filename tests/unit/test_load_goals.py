@@ -171,6 +171,8 @@ def test_the_c1_noise_floor_is_a_second_envoy_against_the_first_in_each_run(goal
     assert goals.noise_floor(runs) == pytest.approx([0.06, -0.08])
     # A run made before the twin existed: no floor, rather than one over fewer runs than the verdicts.
     assert goals.noise_floor([*runs, overhead_run()]) is None
+    assert goals.against_twin(runs, "edge") == pytest.approx([1.30 - 1.31, 1.30 - 1.22])
+    assert goals.against_twin([*runs, overhead_run()], "edge") is None
 
 
 def test_judging_runs_with_the_twin_prints_the_floor_beside_the_verdicts(tmp_path):
@@ -182,5 +184,7 @@ def test_judging_runs_with_the_twin_prints_the_floor_beside_the_verdicts(tmp_pat
     done = subprocess.run([sys.executable, "load_goals.py", "--overhead", *files], cwd=BENCH, capture_output=True,
                           text=True, timeout=60)
     assert "MISSED by 0.080 ms" in done.stdout, done.stdout + done.stderr
-    assert "measured -0.050 ms, +0.070 ms, +0.090 ms against it (median +0.070 ms)" in done.stdout
+    assert "measured -0.050 ms, +0.070 ms, +0.090 ms (median +0.070 ms) against it" in done.stdout
     assert "a c=1 margin within ±0.090 ms is not resolved by these runs" in done.stdout
+    # The edge against the second Envoy: its p50 less the twin's, each run.
+    assert "the edge against that second Envoy: +0.150 ms, +0.010 ms, -0.050 ms (median +0.010 ms)" in done.stdout
