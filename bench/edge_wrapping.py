@@ -14,8 +14,8 @@ servers, each its own process, all mTLS as ours are:
   (``_replace`` of the deserialiser and the behaviour, and their closures);
 - ``once``: the same wrapper, built at the first call of the method and kept (servicekit's now).
 
-Each is called at c=1 in rounds in balanced orders (harness.round_order), so drift falls on all
-alike. Reported: the median of the rounds' p50s, and each server's CPU per
+Each is called at c=1 in rounds in balanced orders (harness.round_order),
+so drift falls on all alike. Reported: the median of the rounds' p50s, and each server's CPU per
 call (all its threads, ``/proc/<pid>/task/*/schedstat``), each with its
 paired difference from ``none``.
 

@@ -212,8 +212,9 @@ async def run_levels(paths: dict[str, list], kind: str, total: int, meter: CpuMe
     least ``MIN_CALLS_PER_WORKER[kind]`` per worker.
 
     A round runs every path back to back, in an order that changes from
-    round to round (``round_order``: each path after each other in turn), so the host's drift and the engine's batching fall on
-    all paths alike and each round pairs them: a row keeps its path's p50 of
+    round to round (``round_order``: each path after each other in turn),
+    so the host's drift and the engine's batching fall on all paths alike
+    and each round pairs them: a row keeps its path's p50 of
     every round (``round_p50``), and its added p50 is the median of the
     rounds' paired differences (``harness.added_p50``). One round of 60
     streams at c=64 is a single batch of the engine's, whose p50 moved by

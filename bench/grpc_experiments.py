@@ -17,8 +17,9 @@ apart, like an engine's decode steps) and one bare grpc.aio proxy on uvloop
 per variant, each its own process with ``GRPC_EXPERIMENTS`` set to the
 variant (``default`` sets nothing); every hop mTLS. In each round every
 proxy is measured back to back, in an order that changes from round to
-round (harness.round_order): unary calls at c=1 (latency, proxy CPU per call), then streams at
-``--stream-concurrency`` (proxy CPU per message forwarded). CPU is every
+round (harness.round_order): unary calls at c=1 (latency, proxy CPU per
+call), then streams at ``--stream-concurrency`` (proxy CPU per message
+forwarded). CPU is every
 proxy thread's on-CPU time (``/proc/<pid>/task/*/schedstat``). Each figure
 is the median over rounds, with its ratio to the default's.
 

@@ -45,13 +45,13 @@ def round_order(names: Sequence, round_: int) -> list:
 
     Rotating one fixed order (as these benches did until 2026-12-07) puts
     every path after the same predecessor in all rounds but the one it
-    opens, so a path may inherit that one's wake-ups and cache state: a
+    opens, so a path may inherit that one's wake-ups and cache state (a
     second plain Envoy, identical to the first, trailed it in 3 of 4 runs
-    (docs/benchmarks.md). Here rounds 2k and 2k + 1 run row k of a Williams
-    square forwards and backwards: over 2n rounds of n paths every path
-    follows every other exactly twice, and takes every place twice; any two
-    consecutive rounds from an even one put each neighbouring pair in both
-    orders.
+    so; docs/benchmarks.md says how it did since). Here rounds 2k and
+    2k + 1 run row k of a Williams square forwards and backwards: over 2n
+    rounds of n paths every path follows every other exactly twice, and
+    takes every place twice; any two consecutive rounds from an even one put
+    each neighbouring pair in both orders.
     """
     count = len(names)
     base, low, high = [0], 1, count - 1

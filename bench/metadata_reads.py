@@ -16,8 +16,8 @@ believes ``service/edge``) in two echo servers, each its own process, mTLS:
 
 Each is called at c=1 two ways: ``plain`` (an operator's certificate, no
 header) and ``edge`` (the edge's certificate with the forwarded-certificate
-header as Envoy sets it). Rounds change the order (harness.round_order); reported: the median of
-the rounds' p50s and each server's CPU per call (all its threads,
+header as Envoy sets it). Rounds change the order (harness.round_order);
+reported: the median of the rounds' p50s and each server's CPU per call (all its threads,
 ``/proc/<pid>/task/*/schedstat``), paired against ``each read``; and, from
 one more call on each path, servicekit's reads of the metadata a call
 (counted in the server) and what one read costs there (timed over 2,000

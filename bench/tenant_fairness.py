@@ -5,7 +5,8 @@ Starts the stack (inference with the smoke model, retrieval, Postgres) and two
 gateways on the same backends: one with a per-tenant bound
 (AGW_GATEWAY_MAX_IN_FLIGHT_PER_TENANT, the default kind of deployment) and one
 without (0). Tenant B sends its normal traffic, one stateless Chat turn at a
-time with a short think time. In three phases, in balanced orders (harness.round_order), B runs:
+time with a short think time. In three phases, in balanced orders
+(harness.round_order), B runs:
 
 - alone (no flood);
 - while A floods the bounded gateway: 4 x A's bound concurrent turn loops,
