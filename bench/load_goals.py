@@ -186,19 +186,22 @@ def noise_floor(runs: Sequence[dict]) -> list[float] | None:
     """Each run's unary c=1 figure for a second plain Envoy against the first (gateway_overhead.py --edge's
     ``envoy-twin``, configured alike): what the c=1 goal's comparison reads when nothing differs, the host's noise.
     None when a run lacks it (runs before 2026-12-07 14:00 UTC)."""
-    tables = [_Table(_rows(run, "envoy")) for run in runs]
-    if any(("unary", 1, "envoy-twin") not in table.rows for table in tables):
-        return None
-    return [table.added("unary", 1, "envoy-twin", over="envoy") for table in tables]
+    return _with_twin(runs, "envoy", "envoy-twin", over="envoy")
 
 
 def against_twin(runs: Sequence[dict], path: str) -> list[float] | None:
     """Each run's unary c=1 figure for ``path`` against the second plain Envoy instead of the first: the c=1
     goal's comparison made with the other of two identical Envoys. None when a run lacks the twin."""
-    tables = [_Table(_rows(run, path)) for run in runs]
+    return _with_twin(runs, path, path, over="envoy-twin")
+
+
+def _with_twin(runs: Sequence[dict], goal_path: str, path: str, over: str) -> list[float] | None:
+    """Each run's paired unary c=1 figure for ``path`` over ``over`` (rows checked for ``goal_path``); None when a
+    run has no ``envoy-twin``."""
+    tables = [_Table(_rows(run, goal_path)) for run in runs]
     if any(("unary", 1, "envoy-twin") not in table.rows for table in tables):
         return None
-    return [table.added("unary", 1, path, over="envoy-twin") for table in tables]
+    return [table.added("unary", 1, path, over=over) for table in tables]
 
 
 def run_benches(runs: int, out: Path, extra: Sequence[str] = ()) -> tuple[list[Path], list[Path]]:
