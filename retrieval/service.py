@@ -127,7 +127,7 @@ class RetrievalApp:
             stack.push_async_callback(store.close)
             embedder = await Embedder.load(settings.embed_model, settings.embed_threads, settings.embed_torch_threads,
                                            settings.embed_query_batch, settings.embed_cache_entries,
-                                           bf16=settings.embed_bf16)
+                                           bf16=settings.embed_bf16, fused=settings.embed_fused)
             stack.push_async_callback(embedder.close)
             log.info("start-up: embedder warm-up took %.0f ms", await embedder.warm_up())
             self.servicer.core = RetrievalCore(store, embedder, settings)

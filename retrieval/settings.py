@@ -49,6 +49,11 @@ class RetrievalSettings(ServiceSettings, PublicApiSettings):
     embed_query_batch: int = Field(
         32, gt=0, description="Most concurrent search queries embedded in one forward pass (1: one pass each); "
         "32 takes a burst of 32 searches in one pass, whose cost per query is lower than two of 16.")
+    embed_fused: bool = Field(
+        True, description="Run a BERT model with mean pooling (all-MiniLM-L6-v2) as one function over its weights, "
+        "the attention's query, key and value products fused into one (retrieval/fused_bert.py), once it agrees "
+        "with the model's own pass on probes at load; a lone query's pass 0.63-0.8x as long. false: the model's "
+        "modules, as sentence-transformers runs them.")
     embed_bf16: Literal["auto", "on", "off"] = Field(
         "auto", description="Embedding passes' matrix products in bfloat16, the model's linear weights cast once at "
         "load, vectors within cosine 0.9999 of fp32's. auto: where the CPU runs bfloat16 natively (AMX tiles, or "

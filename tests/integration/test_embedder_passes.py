@@ -3,7 +3,9 @@
 ``retrieval.embedder.Embedder._encode`` skips ``SentenceTransformer.encode``'s
 per-call bookkeeping; what it computes must not change: the same vectors for a
 lone query, a pass of queries, passages of mixed lengths, and more texts than
-one pass holds (in their order), on the bundled all-MiniLM-L6-v2 in fp32.
+one pass holds (in their order), on the bundled all-MiniLM-L6-v2 in fp32, its
+forward pass through the model's own modules (``AGW_RETRIEVAL_EMBED_FUSED``
+off; the fused pass is tests/integration/test_embedder_fused.py's).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ PASSAGES = [
 
 @pytest.fixture(scope="module")
 async def embedder():
-    loaded = await Embedder.load(None, bf16="off")
+    loaded = await Embedder.load(None, bf16="off", fused=False)
     yield loaded
     await loaded.close()
 
