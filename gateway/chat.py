@@ -57,8 +57,11 @@ log = logging.getLogger(__name__)
 _TRACER = trace.get_tracer("agent-gateway.chat")
 #: How much longer an idempotency claim's lease runs than the turn may (a store still in flight).
 CLAIM_LEASE_MARGIN_S = 2.0
-#: How long before the caller's deadline a turn waiting on another's claim gives up with ABORTED.
-CLAIM_WAIT_RESERVE_S = 0.25
+#: How long before the caller's deadline a turn waiting on another's claim gives up with ABORTED: its last look
+#: at Postgres and the status must reach the caller first. 0.25 s was once too little on a loaded 2-core CI host
+#: (the caller saw DEADLINE_EXCEEDED, which says nothing about the key); giving up 0.25 s sooner costs a waiter
+#: nothing it could have used.
+CLAIM_WAIT_RESERVE_S = 0.5
 
 
 def _over_context(error: ServiceError) -> bool:

@@ -75,6 +75,10 @@ class FusedBertEncoder:
                 or getattr(pooling, "pooling_mode", None) != "mean" or not getattr(pooling, "include_prompt", False)
                 or (len(modules) == 3 and type(modules[2]).__name__ != "Normalize")):
             return None
+        projections = [getattr(layer.attention.self, name) for layer in bert.encoder.layer
+                       for name in ("query", "key", "value")]
+        if any(getattr(p, "bias", None) is None for p in projections):  # stacked with their biases, or not at all
+            return None
         return cls(bert)
 
     def __call__(self, features: dict) -> Any:

@@ -84,6 +84,9 @@ async def test_a_model_of_another_shape_is_not_fused(fp32_pair):
     decoder = copy.deepcopy(model)
     decoder[0].auto_model.config.is_decoder = True
     assert FusedBertEncoder.of(decoder) is None
+    unbiased = copy.deepcopy(model)
+    unbiased[0].auto_model.encoder.layer[3].attention.self.key.bias = None
+    assert FusedBertEncoder.of(unbiased) is None
     assert FusedBertEncoder.of(torch.nn.Sequential(torch.nn.Linear(2, 2))) is None
 
 
