@@ -135,6 +135,24 @@ def cast_linears_to_bf16(module, prepack: bool = False) -> int:
     return replaced
 
 
+def stacked_linear(parts: list):
+    """One linear layer computing ``parts`` (linear layers over one input) side by side: their weights stacked.
+
+    Of the parts' own kind: ``torch.nn.Linear``, or ``Bf16Linear`` (its
+    bfloat16 weights widened to fp32 and cast back, which is exact), packed
+    for oneDNN where the parts were.
+    """
+    import torch
+
+    stacked = torch.nn.Linear(parts[0].weight.shape[1], sum(p.weight.shape[0] for p in parts))
+    with torch.no_grad():
+        stacked.weight.copy_(torch.cat([p.weight.float() for p in parts]))
+        stacked.bias.copy_(torch.cat([p.bias.float() for p in parts]))
+    if isinstance(parts[0], torch.nn.Linear):
+        return stacked.eval()
+    return _bf16_linear_type()(stacked, prepack=parts[0].packed is not None)
+
+
 #: Texts the fused forward pass is checked on at load: a lone query, and a padded pass of three lengths.
 FUSED_PROBES = ("What does the with statement do?",
                 "warm-up", "Passages of several lengths in one pass, so that padding is masked as the model masks it.")
@@ -148,7 +166,7 @@ def fused_forward(model) -> FusedBertEncoder | None:
     import torch
     import torch.nn.functional as F
 
-    encoder = FusedBertEncoder.of(model)
+    encoder = FusedBertEncoder.of(model, stacked_linear)
     if encoder is None:
         return None
     with torch.inference_mode():

@@ -18,27 +18,11 @@ model's own forward pass at load before using it (``retrieval.embedder``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-
-def _stacked_linear(parts: list[Any]):
-    """One linear layer computing ``parts`` (linear layers over one input) side by side: their weights stacked.
-
-    Of the parts' own kind: ``torch.nn.Linear``, or the embedder's bfloat16
-    layer (its bfloat16 weights widened to fp32 and cast back, which is
-    exact), packed for oneDNN where the parts were.
-    """
-    import torch
-
-    from retrieval.embedder import _bf16_linear_type
-
-    stacked = torch.nn.Linear(parts[0].weight.shape[1], sum(p.weight.shape[0] for p in parts))
-    with torch.no_grad():
-        stacked.weight.copy_(torch.cat([p.weight.float() for p in parts]))
-        stacked.bias.copy_(torch.cat([p.bias.float() for p in parts]))
-    if isinstance(parts[0], torch.nn.Linear):
-        return stacked.eval()
-    return _bf16_linear_type()(stacked, prepack=parts[0].packed is not None)
+#: Builds one linear layer computing the given ones side by side (their weights stacked), of their own kind.
+StackLinears = Callable[[list[Any]], Any]
 
 
 class FusedBertEncoder:
@@ -49,21 +33,24 @@ class FusedBertEncoder:
     model's pooling module gives.
     """
 
-    def __init__(self, bert: Any) -> None:
+    def __init__(self, bert: Any, stack: StackLinears) -> None:
         self._embeddings = bert.embeddings
         self._heads = bert.config.num_attention_heads
         self._layers = []
         for layer in bert.encoder.layer:
             attention = layer.attention
-            projections = _stacked_linear([attention.self.query, attention.self.key, attention.self.value])
+            projections = stack([attention.self.query, attention.self.key, attention.self.value])
             self._layers.append((projections, attention.output.dense, attention.output.LayerNorm,
                                  layer.intermediate.dense, layer.intermediate.intermediate_act_fn,
                                  layer.output.dense, layer.output.LayerNorm))
 
     @classmethod
-    def of(cls, model: Any) -> FusedBertEncoder | None:
+    def of(cls, model: Any, stack: StackLinears) -> FusedBertEncoder | None:
         """The encoder for ``model``, or None where it is not an encoder-only BERT with absolute positions,
-        plain self-attention and mean pooling over every token, followed at most by normalisation."""
+        plain self-attention and mean pooling over every token, followed at most by normalisation.
+
+        ``stack`` builds each layer's query, key and value projections as one layer (the embedder's
+        ``stacked_linear``, which knows its bfloat16 layers)."""
         modules = list(model)
         if len(modules) not in (2, 3):
             return None
@@ -79,7 +66,7 @@ class FusedBertEncoder:
                        for name in ("query", "key", "value")]
         if any(getattr(p, "bias", None) is None for p in projections):  # stacked with their biases, or not at all
             return None
-        return cls(bert)
+        return cls(bert, stack)
 
     def __call__(self, features: dict) -> Any:
         import torch.nn.functional as F

@@ -17,7 +17,7 @@ import torch
 from pydantic import ValidationError
 
 from retrieval import embedder as embedder_module
-from retrieval.embedder import Embedder, fused_forward
+from retrieval.embedder import Embedder, fused_forward, stacked_linear
 from retrieval.fused_bert import FusedBertEncoder
 from retrieval.settings import RetrievalSettings
 from tests.integration.test_embedder_passes import PASSAGES
@@ -77,17 +77,17 @@ async def test_bf16_fused_vectors_keep_the_models_and_its_ranking(texts):
 async def test_a_model_of_another_shape_is_not_fused(fp32_pair):
     _, modules = fp32_pair
     model = modules._model
-    assert FusedBertEncoder.of(model) is not None
+    assert FusedBertEncoder.of(model, stacked_linear) is not None
     cls_pooled = copy.deepcopy(model)
     cls_pooled[1].pooling_mode = "cls"  # the first token's vector, not the mean: another function
-    assert FusedBertEncoder.of(cls_pooled) is None
+    assert FusedBertEncoder.of(cls_pooled, stacked_linear) is None
     decoder = copy.deepcopy(model)
     decoder[0].auto_model.config.is_decoder = True
-    assert FusedBertEncoder.of(decoder) is None
+    assert FusedBertEncoder.of(decoder, stacked_linear) is None
     unbiased = copy.deepcopy(model)
     unbiased[0].auto_model.encoder.layer[3].attention.self.key.bias = None
-    assert FusedBertEncoder.of(unbiased) is None
-    assert FusedBertEncoder.of(torch.nn.Sequential(torch.nn.Linear(2, 2))) is None
+    assert FusedBertEncoder.of(unbiased, stacked_linear) is None
+    assert FusedBertEncoder.of(torch.nn.Sequential(torch.nn.Linear(2, 2)), stacked_linear) is None
 
 
 async def test_a_fused_pass_that_disagrees_at_load_is_refused(fp32_pair, monkeypatch, caplog):
