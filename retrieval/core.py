@@ -53,14 +53,14 @@ class Document:
     id: str
     text: str
     payload: dict[str, Any]
-    vector: tuple[float, ...] | None = None
+    vector: Sequence[float] | None  # not copied on the way to the store: nothing changes it = None
 
 
 @dataclass(frozen=True)
 class SearchInput:
     collection: str
     text: str | None
-    vector: tuple[float, ...] | None
+    vector: Sequence[float] | None  # not copied on the way to the store: nothing changes it
     top_k: int
     filter: PayloadFilter
     payload_fields: tuple[str, ...]
@@ -266,7 +266,7 @@ class RetrievalCore:
             raise InvalidArgument("query", "is empty; send query text or a vector")
         spec = await self._store(self.store.collection_spec(request.collection))
         if request.vector is not None:
-            vector = list(request.vector)
+            vector = request.vector
             if len(vector) != spec.vector_size:
                 raise InvalidArgument(
                     "query.vector", f"has {len(vector)} values; {request.collection!r} has {spec.vector_size} dimensions"

@@ -189,7 +189,7 @@ class EdgeStore:
     async def search(self, name: str, query: SearchQuery) -> list[Hit]:
         collection = self._get(name)
         request = qe.SearchRequest(
-            query=qe.Query.Nearest(list(query.vector)),
+            query=qe.Query.Nearest(query.vector),  # any sequence of floats; no copy of its own
             limit=query.limit,
             filter=edge_filter(query.filter),
             params=qe.SearchParams(hnsw_ef=query.hnsw_ef, exact=query.exact),
