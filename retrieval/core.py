@@ -53,7 +53,7 @@ class Document:
     id: str
     text: str
     payload: dict[str, Any]
-    vector: Sequence[float] | None  # not copied on the way to the store: nothing changes it = None
+    vector: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)

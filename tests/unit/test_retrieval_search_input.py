@@ -33,3 +33,9 @@ def test_a_search_without_conditions_has_an_empty_filter_and_one_with_them_keeps
         must_not=[pb.FieldCondition(key="draft", boolean=True)])))
     assert [(c.key, c.keyword) for c in kept.filter.must] == [("lang", "en")]
     assert [(c.key, c.boolean) for c in kept.filter.must_not] == [("draft", True)]
+
+
+def test_a_document_needs_no_vector_to_be_embedded():
+    from retrieval.core import Document
+
+    assert Document(id="d1", text="a passage to embed", payload={}).vector is None
