@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from agent.retrieval.v1 import retrieval_pb2 as pb
 from retrieval.convert import search_from_proto
+from retrieval.core import Document
 
 
 def _parsed(**fields) -> pb.SearchRequest:
@@ -36,6 +37,4 @@ def test_a_search_without_conditions_has_an_empty_filter_and_one_with_them_keeps
 
 
 def test_a_document_needs_no_vector_to_be_embedded():
-    from retrieval.core import Document
-
     assert Document(id="d1", text="a passage to embed", payload={}).vector is None
